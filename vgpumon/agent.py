@@ -1,0 +1,182 @@
+"""The per-host agent: one asyncio process that ticks the sources and feeds the store.
+
+NVML runs on its own worker thread and the store on another, so a slow database never delays a
+tick and a slow NVML call never blocks the event loop. Rows are written in batches of whole ticks
+(one transaction each): a tick is either stored completely or not yet. On stop (SIGINT, SIGTERM,
+``--duration`` reached, end of a replayed capture) the tick in progress completes and every pending
+row is written before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from vgpumon.errors import StoreUnavailableError
+from vgpumon.model import Snapshot
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import EndOfCapture
+from vgpumon.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentStats:
+    """What a run did: ticks sampled, rows written, rows still pending at exit (0 unless the
+    store was unreachable at shutdown)."""
+
+    ticks: int = 0
+    rows_written: int = 0
+    rows_pending: int = 0
+    gpus: int = 0
+
+
+class Agent:
+    """Ticks an ``NvmlSource`` every ``interval`` seconds and writes each tick to a ``Store``.
+
+    Args:
+        source: the NVML collector (live, recording or replaying backend).
+        store: where rows go; ``None`` samples without storing (``vgpumon record``).
+        hostname: the host's identity in the store.
+        interval: seconds between ticks (wall clock); ignored when ``paced`` is false.
+        duration: stop after this many seconds of sample time (capture time in a replay);
+            ``None`` runs until stopped.
+        paced: sleep between ticks (live sampling, or a replay at recorded pace); false replays a
+            capture as fast as possible.
+        flush_every: seconds of wall time between batched writes.
+        monotonic: injected clock for pacing (``time.monotonic``).
+        on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
+    """
+
+    def __init__(
+        self,
+        source: NvmlSource,
+        store: Store | None,
+        *,
+        hostname: str,
+        interval: float = 1.0,
+        duration: float | None = None,
+        paced: bool = True,
+        flush_every: float = 5.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_tick: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.store = store
+        self.hostname = hostname
+        self.interval = interval
+        self.duration = duration
+        self.paced = paced
+        self.flush_every = flush_every
+        self.monotonic = monotonic
+        self.on_tick = on_tick
+        self.latest: Snapshot | None = None
+        self.stats = AgentStats()
+        self._pending: list[dict[str, Any]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._outage = False
+        self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
+        self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
+
+    async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
+
+    async def _write(self, batch: list[dict[str, Any]]) -> None:
+        assert self.store is not None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._store_exec, self.store.write_gpu_rows, batch)
+        except StoreUnavailableError as exc:
+            if not self._outage:  # one line per outage, not one per batch
+                log.error("%s; keeping samples in memory and retrying", exc)
+                self._outage = True
+            self._pending[:0] = batch  # keep tick order for the retry
+            return
+        self.stats.rows_written += len(batch)
+        if self._outage:
+            log.warning("store reachable again; wrote %d held rows", len(batch))
+            self._outage = False
+
+    def _flush(self) -> None:
+        if self.store is None or not self._pending:
+            return
+        if self._writer is not None and not self._writer.done():
+            return  # the next flush takes these rows along
+        batch, self._pending = self._pending, []
+        self._writer = asyncio.get_running_loop().create_task(self._write(batch))
+
+    async def _drain(self) -> None:
+        if self._writer is not None:
+            await self._writer
+        self._flush()
+        if self._writer is not None:
+            await self._writer
+
+    async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
+        """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
+
+        Raises:
+            NvmlUnavailableError: NVML cannot start on this host.
+            StoreUnavailableError: the store cannot register the host's GPUs at start.
+        """
+        stop = stop or asyncio.Event()
+        try:
+            gpus = await self._nvml(self.source.start)
+            self.stats.gpus = len(gpus)
+            gpu_ids: dict[str, int] = {}
+            if self.store is not None:
+                gpu_ids = await asyncio.get_running_loop().run_in_executor(
+                    self._store_exec, self.store.register_gpus, self.hostname, gpus
+                )
+            start = self.monotonic()
+            first_ts: float | None = None
+            last_flush = start
+            k = 0
+            while not stop.is_set():
+                t0 = self.monotonic()
+                try:
+                    ts, samples = await self._nvml(self.source.sample)
+                except EndOfCapture:
+                    break
+                if first_ts is None:
+                    first_ts = ts
+                if self.duration is not None and ts - first_ts >= self.duration:
+                    break
+                snap = Snapshot(
+                    ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=samples,
+                    collect_seconds=self.monotonic() - t0,
+                )
+                self.latest = snap
+                self.stats.ticks += 1
+                if self.store is not None:
+                    self._pending.extend(Store.sample_row(gpu_ids[s.uuid], s) for s in samples if s.uuid in gpu_ids)
+                    if self.monotonic() - last_flush >= self.flush_every:
+                        self._flush()
+                        last_flush = self.monotonic()
+                if self.on_tick is not None:
+                    self.on_tick(snap)
+                if self.paced:
+                    k += 1
+                    delay = start + k * self.interval - self.monotonic()
+                    if delay < 0:  # overran: skip the missed slots rather than burst to catch up
+                        k += int(-delay // self.interval) + 1
+                        delay = start + k * self.interval - self.monotonic()
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(0)  # let writes and signals through during a fast replay
+        finally:
+            await self._drain()
+            self.stats.rows_pending = len(self._pending)
+            if self._pending:
+                log.error("%d rows could not be stored before exit", len(self._pending))
+            await asyncio.get_running_loop().run_in_executor(self._nvml_exec, self.source.close)
+            self._nvml_exec.shutdown(wait=True)
+            self._store_exec.shutdown(wait=True)
+        return self.stats

@@ -1,0 +1,238 @@
+"""Command line: parses, calls a core function, maps domain errors to exit codes.
+
+Exit codes (one table for every command, see README): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN,
+64 usage error, 65 unreadable input file, 69 NVML (driver) unavailable, 70 internal error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import signal
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vgpumon import __version__
+from vgpumon.errors import ExitCode, StoreUnavailableError, VgpumonError
+
+log = logging.getLogger("vgpumon")
+
+# typer ≥ 0.20 vendors click as ``typer._click``; older releases use click itself. Take the
+# exception classes from typer's public BadParameter so that both work.
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+app = typer.Typer(
+    name="vgpumon",
+    help=(
+        "GPU fleet telemetry and diagnostics for LLM inference hosts.\n\n"
+        "Run `vgpumon agent` on each GPU host to sample NVML into a store; run "
+        "`vgpumon diagnose <host>` to read what the store says about a host."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--db",
+        envvar="VGPUMON_DB",
+        help="Store URL: sqlite:///path.db (default: a file under the user's data directory) or postgresql+psycopg://...",
+        show_default=False,
+    ),
+]
+
+
+class Pace(str, Enum):
+    fast = "fast"
+    recorded = "recorded"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vgpumon {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    log_level: Annotated[str, typer.Option("--log-level", envvar="VGPUMON_LOG_LEVEL", help="debug, info, warning, error")] = "warning",
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '1d' → seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 90s, 15m, 2h)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+async def _run_until_signal(agent: "object") -> "object":
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return await agent.run(stop)  # type: ignore[attr-defined]
+
+
+@app.command()
+def agent(
+    db: DbOption = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between ticks.")] = 1.0,
+    duration: Annotated[Optional[str], typer.Option(help="Stop after this long (90s, 15m, 2h); default: until SIGINT/SIGTERM.")] = None,
+    replay: Annotated[
+        Optional[Path],
+        typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed).", exists=True, dir_okay=False),
+    ] = None,
+    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
+    hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
+    slow_every: Annotated[int, typer.Option(min=1, help="Read ECC counters and energy every N ticks.")] = 10,
+    no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
+) -> None:
+    """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
+
+    Runs until SIGINT/SIGTERM or --duration; the tick in progress and every pending row are
+    written before it exits. Without an NVIDIA driver it exits 69 with one line naming the cause.
+
+    Examples:\n
+      vgpumon agent                                     # sample into the default SQLite store\n
+      vgpumon agent --replay tests/data/h200-capture.jsonl.gz --db sqlite:///demo.db
+    """
+    from vgpumon.agent import Agent
+    from vgpumon.config import default_db_url, default_hostname
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.store import open_store
+
+    backend = ReplayBackend(replay) if replay else None
+    source = NvmlSource(backend, slow_every=slow_every, use_gpm=not no_gpm)
+    url = db or default_db_url()
+    try:
+        store = open_store(url)
+    except StoreUnavailableError as exc:
+        raise StoreStartError(str(exc)) from None
+    runner = Agent(
+        source,
+        store,
+        hostname=hostname or default_hostname(),
+        interval=interval,
+        duration=_parse_duration(duration) if duration else None,
+        paced=replay is None or pace is Pace.recorded,
+    )
+    try:
+        stats = asyncio.run(_run_until_signal(runner))
+    finally:
+        store.close()
+    typer.echo(
+        f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {url}",  # type: ignore[attr-defined]
+        err=True,
+    )
+    if stats.rows_pending:  # type: ignore[attr-defined]
+        raise typer.Exit(ExitCode.UNAVAILABLE)
+
+
+class StoreStartError(VgpumonError):
+    """The agent's store cannot be opened at start."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+@app.command()
+def record(
+    file: Annotated[Path, typer.Argument(help="Capture file to write (.jsonl, or .jsonl.gz to compress).", dir_okay=False)],
+    duration: Annotated[str, typer.Option(help="How long to record (60s, 5m).")] = "60s",
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between ticks.")] = 1.0,
+    mask: Annotated[bool, typer.Option("--mask", help="Replace GPU UUIDs, serials and the host name with neutral values.")] = False,
+    slow_every: Annotated[int, typer.Option(min=1, help="Read ECC counters and energy every N ticks.")] = 10,
+    no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (records the pre-Hopper path).")] = False,
+) -> None:
+    """Record every NVML answer the agent gets, per tick, to a capture file.
+
+    `vgpumon agent --replay FILE` answers the same calls from it through the same collector code,
+    keeping the capture's timestamps. Use --mask before sharing a capture.
+    """
+    from vgpumon.agent import Agent
+    from vgpumon.config import default_hostname
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml_backend import LiveBackend, RecordingBackend
+
+    recorder = RecordingBackend(
+        LiveBackend(),
+        file,
+        mask=mask,
+        meta={"interval_s": interval, "slow_every": slow_every, "vgpumon": __version__},
+    )
+    source = NvmlSource(recorder, slow_every=slow_every, use_gpm=not no_gpm)
+    runner = Agent(source, None, hostname=default_hostname(), interval=interval, duration=_parse_duration(duration))
+    try:
+        stats = asyncio.run(_run_until_signal(runner))
+    finally:
+        recorder.close()
+    typer.echo(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}", err=True)  # type: ignore[attr-defined]
+
+
+@app.command()
+def diagnose(
+    host: Annotated[str, typer.Argument(help="Host name as stored by its agent; `localhost` means this machine.")],
+    db: DbOption = None,
+    window: Annotated[str, typer.Option(help="Window ending at the host's newest stored sample (15m, 1h, 900s).")] = "15m",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Report per GPU what the store shows for a recent window, for the on-call engineer.
+
+    Exit status follows monitoring-plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
+    3 UNKNOWN (host not in the store, no samples, store unreachable).
+    """
+    from vgpumon.config import default_db_url
+    from vgpumon.diagnose import build_report, exit_code
+    from vgpumon.render import render_diagnose
+    from vgpumon.store import Store
+
+    seconds = _parse_duration(window)
+    url = db or default_db_url()
+    store = Store(url)
+    try:
+        report = build_report(store, host, window_seconds=seconds)
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(render_diagnose(report))
+    raise typer.Exit(exit_code(report))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the app and maps every outcome to the exit-code table."""
+    try:
+        rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
+    except _USAGE_ERROR as exc:
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(ExitCode.USAGE)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except VgpumonError as exc:
+        print(f"vgpumon: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except _CLICK_EXCEPTION as exc:
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(ExitCode.USAGE)
+    except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+        log.exception("internal error")
+        sys.exit(ExitCode.SOFTWARE)
+    sys.exit(int(rv) if isinstance(rv, int) else 0)

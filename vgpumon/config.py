@@ -1,0 +1,23 @@
+"""Defaults that work on a laptop and on a GPU host, overridable by ``VGPUMON_*`` variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import platformdirs
+
+
+def default_db_url() -> str:
+    """``$VGPUMON_DB``, else a SQLite file under the user's data directory
+    (``~/.local/share/vgpumon/vgpumon.db`` on Linux)."""
+    env = os.environ.get("VGPUMON_DB")
+    if env:
+        return env
+    return f"sqlite:///{Path(platformdirs.user_data_dir('vgpumon')) / 'vgpumon.db'}"
+
+
+def default_hostname() -> str:
+    """The name this host is stored under: ``$VGPUMON_HOSTNAME`` or the system host name."""
+    return os.environ.get("VGPUMON_HOSTNAME") or socket.gethostname()

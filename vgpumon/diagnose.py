@@ -1,0 +1,225 @@
+"""The on-call report: per GPU, what the store says about a recent window (pure; no printing).
+
+The window ends at the newest stored sample of the host (not at "now"), so a report on a replayed
+capture or on a host whose agent died an hour ago still describes the last data there is; the age
+of that sample is part of the report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from typing import Any
+
+from vgpumon.errors import ExitCode
+from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.store import Store, StoredGpu
+
+#: Columns summarised as mean and max over the window.
+WINDOW_COLUMNS = (
+    "sm_active_ratio",
+    "sm_occupancy_ratio",
+    "tensor_active_ratio",
+    "dram_active_ratio",
+    "utilization_gpu_ratio",
+    "memory_used_bytes",
+    "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second",
+    "temperature_celsius",
+    "power_watts",
+    "sm_clock_hertz",
+)
+#: Columns reported as their newest value in the window.
+LAST_COLUMNS = (
+    "memory_used_bytes",
+    "memory_reserved_bytes",
+    "memory_total_bytes",
+    "pcie_link_gen_current",
+    "pcie_link_width_current",
+    "ecc_corrected_volatile_total",
+    "ecc_uncorrected_volatile_total",
+    "ecc_corrected_aggregate_total",
+    "ecc_uncorrected_aggregate_total",
+)
+
+SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
+_RANK = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def resolve_host(store: Store, host: str) -> str:
+    """Map the ``host`` argument to a stored host name (``localhost`` → this machine's name)."""
+    return socket.gethostname() if host in {"localhost", "127.0.0.1", "::1"} else host
+
+
+def _value(v: Any, reason: str) -> dict[str, Any]:
+    return {"value": v} if v is not None else {"value": None, "reason": reason}
+
+
+def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float) -> dict[str, Any]:
+    g = gpu.identity
+    agg = store.window_aggregates(gpu.id, start, end, WINDOW_COLUMNS)
+    last = store.last_values(gpu.id, end, LAST_COLUMNS)
+    n = agg["samples"] or 0
+    no_data = "no samples in window" if n == 0 else "not reported by this GPU in the window"
+
+    def lv(name: str) -> Any:
+        item = last.get(name)
+        return item[1] if item is not None and item[0] >= start else None
+
+    unknown: dict[str, str] = {}
+
+    def stat(name: str, kind: str, reason: str | None = None) -> Any:
+        value = agg.get(f"{name}_{kind}")
+        if value is None:
+            unknown[f"{name}.{kind}"] = reason or no_data
+        return value
+
+    if g.gpm_supported:
+        activity_source = "gpm"
+        sm_mean, sm_max = stat("sm_active_ratio", "mean"), stat("sm_active_ratio", "max")
+    else:
+        activity_source = "utilization"  # pre-Hopper: no SM activity, only the busy-time proxy
+        sm_mean, sm_max = stat("utilization_gpu_ratio", "mean"), stat("utilization_gpu_ratio", "max")
+
+    capacity = link_capacity_bytes_per_second(g.pcie_link_gen_max, g.pcie_link_width_max)
+    pcie: dict[str, Any] = {
+        "link_max": {
+            "generation": g.pcie_link_gen_max,
+            "width": g.pcie_link_width_max,
+            "capacity_bytes_per_second": capacity,
+        },
+        "link_current": {"generation": lv("pcie_link_gen_current"), "width": lv("pcie_link_width_current")},
+        "gpu_max_generation": g.pcie_link_gen_gpu_max,
+    }
+    no_gpm = "no GPM on this GPU (PCIe bytes/s need GPM, Hopper or newer)"
+    for direction in ("tx", "rx"):
+        col = f"pcie_{direction}_bytes_per_second"
+        reason = None if g.gpm_supported else no_gpm
+        mean, mx = stat(col, "mean", reason), stat(col, "max", reason)
+        pcie[direction] = {
+            "mean_bytes_per_second": mean,
+            "max_bytes_per_second": mx,
+            "mean_share_of_max_link": None if mean is None or not capacity else mean / capacity,
+            "max_share_of_max_link": None if mx is None or not capacity else mx / capacity,
+        }
+    if capacity is None:
+        unknown["pcie.link_max"] = "max link generation/width not reported"
+
+    ecc = {
+        "corrected_volatile": lv("ecc_corrected_volatile_total"),
+        "uncorrected_volatile": lv("ecc_uncorrected_volatile_total"),
+        "corrected_aggregate": lv("ecc_corrected_aggregate_total"),
+        "uncorrected_aggregate": lv("ecc_uncorrected_aggregate_total"),
+    }
+    for k, v in ecc.items():
+        if v is None:
+            unknown[f"ecc.{k}"] = "ECC not reported (disabled or not supported)" if n else no_data
+
+    findings: list[dict[str, str]] = []
+    up = agg["up_samples"] or 0
+    if n and up < n:
+        findings.append({"severity": "warning", "message": f"GPU unreadable for {n - up} of {n} ticks"})
+    if (ecc["uncorrected_volatile"] or 0) > 0:
+        findings.append(
+            {
+                "severity": "critical",
+                "message": f"{ecc['uncorrected_volatile']} volatile uncorrectable ECC errors: drain and reset the GPU",
+            }
+        )
+    if g.pcie_link_gen_gpu_max and g.pcie_link_gen_max and g.pcie_link_gen_max < g.pcie_link_gen_gpu_max:
+        findings.append(
+            {
+                "severity": "warning",
+                "message": f"card supports PCIe Gen{g.pcie_link_gen_gpu_max} but the slot allows Gen{g.pcie_link_gen_max}",
+            }
+        )
+    mem_last, mem_total = lv("memory_used_bytes"), lv("memory_total_bytes") or g.memory_total_bytes
+    if mem_last is not None and mem_total and mem_last / mem_total >= 0.95:
+        findings.append({"severity": "warning", "message": f"memory {mem_last / mem_total:.0%} used"})
+    if n == 0:
+        findings.append({"severity": "unknown", "message": "no samples in the window"})
+
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "serial": g.serial,
+        "pci_bus_id": g.pci_bus_id,
+        "samples": n,
+        "up_samples": up,
+        "sm_active": {"source": activity_source, "mean_ratio": sm_mean, "max_ratio": sm_max},
+        "sm_occupancy": {
+            "mean_ratio": stat("sm_occupancy_ratio", "mean", None if g.gpm_supported else "no GPM on this GPU"),
+            "max_ratio": stat("sm_occupancy_ratio", "max", None if g.gpm_supported else "no GPM on this GPU"),
+        },
+        "memory": {
+            "used_last_bytes": mem_last,
+            "used_max_bytes": stat("memory_used_bytes", "max"),
+            "reserved_last_bytes": lv("memory_reserved_bytes"),
+            "total_bytes": mem_total,
+        },
+        "pcie": pcie,
+        "ecc": ecc,
+        "temperature": {"mean_celsius": stat("temperature_celsius", "mean"), "max_celsius": stat("temperature_celsius", "max")},
+        "power": {"mean_watts": stat("power_watts", "mean"), "max_watts": stat("power_watts", "max")},
+        "sm_clock": {"mean_hertz": stat("sm_clock_hertz", "mean"), "max_hertz": stat("sm_clock_hertz", "max")},
+        "findings": findings,
+        "unknown": unknown,
+    }
+
+
+def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now: float | None = None) -> dict[str, Any]:
+    """Build the diagnose report of one host from the store.
+
+    Args:
+        store: an open store.
+        host: host name as stored; ``localhost`` means this machine.
+        window_seconds: length of the window that ends at the host's newest stored sample.
+        now: current time (epoch seconds) for the sample age; ``time.time()`` when ``None``.
+
+    Returns:
+        A JSON-able dict: ``host``, ``status`` (``ok``/``warning``/``critical``/``unknown``),
+        ``window`` (start, end, seconds), ``newest_sample_age_seconds``, ``gpus`` (one dict per GPU,
+        values in base units, ``None`` where unknown with the reason under ``unknown``), and
+        ``findings``.
+
+    Raises:
+        StoreUnavailableError: the store cannot be read.
+    """
+    import time
+
+    now = time.time() if now is None else now
+    hostname = resolve_host(store, host)
+    gpus = store.gpus_of(hostname)
+    report: dict[str, Any] = {"host": hostname, "status": "unknown", "window": None, "gpus": [], "findings": []}
+    if not gpus:
+        known = store.hostnames()
+        hint = f"; hosts in the store: {', '.join(known)}" if known else "; the store is empty"
+        report["findings"].append({"severity": "unknown", "message": f"host {hostname!r} not in the store{hint}"})
+        return report
+    end = store.newest_ts([g.id for g in gpus])
+    if end is None:
+        report["findings"].append({"severity": "unknown", "message": "no samples stored for this host"})
+        return report
+    start = end - window_seconds
+    report["window"] = {"start": _iso(start), "end": _iso(end), "seconds": window_seconds}
+    report["newest_sample_age_seconds"] = max(0.0, now - end)
+    report["gpus"] = [_gpu_report(store, g, start, end) for g in gpus]
+    worst = "ok"
+    for gpu in report["gpus"]:
+        for f in gpu["findings"]:
+            if _RANK[f["severity"]] > _RANK[worst]:
+                worst = f["severity"]
+    report["status"] = worst
+    return report
+
+
+def exit_code(report: dict[str, Any]) -> ExitCode:
+    """Exit code for a report's status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)."""
+    return SEVERITY_EXIT[report["status"]]

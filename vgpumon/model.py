@@ -1,0 +1,136 @@
+"""Immutable data model: what one tick saw, in base units.
+
+Units: seconds, bytes, bytes/s, ratio 0–1, celsius, watts, joules, hertz. ``None`` always means
+"not known" (not supported, no permission, error, device down, not sampled this tick); the reason
+for each ``None`` that is not simply "not sampled this tick" is in ``GpuSample.missing``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Static facts of one GPU, read once at start and after a re-initialisation.
+
+    Attributes:
+        index: NVML device index (``nvmlDeviceGetHandleByIndex``); not stable across reboots.
+        uuid: ``nvmlDeviceGetUUID`` (nvidia-smi ``uuid``); the identity used in the store.
+        name: ``nvmlDeviceGetName`` (nvidia-smi ``name``), e.g. ``"NVIDIA H200"``.
+        serial: ``nvmlDeviceGetSerial`` (nvidia-smi ``serial``); ``None`` on boards without one.
+        pci_bus_id: ``nvmlDeviceGetPciInfo().busId`` (nvidia-smi ``pci.bus_id``).
+        memory_total_bytes: ``nvmlDeviceGetMemoryInfo`` total.
+        pcie_link_gen_max: max generation of device ∧ slot (``nvmlDeviceGetMaxPcieLinkGeneration``).
+        pcie_link_width_max: max width of device ∧ slot (``nvmlDeviceGetMaxPcieLinkWidth``).
+        pcie_link_gen_gpu_max: max generation of the device alone
+            (``nvmlDeviceGetGpuMaxPcieLinkGeneration``); above ``pcie_link_gen_max`` means the
+            card sits in a slower slot.
+        gpm_supported: ``nvmlGpmQueryDeviceSupport`` (Hopper and later).
+    """
+
+    index: int
+    uuid: str
+    name: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_max: int | None = None
+    pcie_link_gen_gpu_max: int | None = None
+    gpm_supported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """What one tick read from one GPU.
+
+    Fast fields are read every tick; slow fields (ECC, energy) only every ``slow_every`` ticks
+    and are ``None`` on the other ticks (``missing`` does not name them then).
+
+    Attributes:
+        ts: tick time, seconds since the Unix epoch (UTC).
+        uuid: the GPU (see ``GpuIdentity.uuid``).
+        up: False when the device could not be read at all this tick (lost, reset, ...).
+        activity_source: ``"gpm"`` when SM figures come from GPM, ``"utilization"`` when the
+            device has no GPM and ``utilization_gpu_ratio`` is the only activity proxy.
+        memory_used_bytes: memory v2 ``used`` (excludes driver-reserved memory); with only v1
+            available it is v1 ``used``, which includes the reserved part.
+        memory_reserved_bytes: memory v2 ``reserved``; ``None`` with v1.
+        memory_total_bytes: memory ``total``.
+        utilization_gpu_ratio: ``nvmlDeviceGetUtilizationRates().gpu`` / 100 (nvidia-smi
+            ``utilization.gpu``): share of time *any* kernel or copy ran — not SM activity.
+        utilization_memory_ratio: ``nvmlDeviceGetUtilizationRates().memory`` / 100.
+        sm_active_ratio: GPM ``SM_UTIL`` / 100 (DCGM ``SM_ACTIVE``), averaged over the tick.
+        sm_occupancy_ratio: GPM ``SM_OCCUPANCY`` / 100 (DCGM ``SM_OCCUPANCY``).
+        tensor_active_ratio: GPM ``ANY_TENSOR_UTIL`` / 100 (DCGM ``PIPE_TENSOR_ACTIVE``).
+        dram_active_ratio: GPM ``DRAM_BW_UTIL`` / 100 (DCGM ``DRAM_ACTIVE``).
+        pcie_tx_bytes_per_second: GPM ``PCIE_TX_PER_SEC`` (MiB/s × 2**20), averaged over the tick.
+        pcie_rx_bytes_per_second: GPM ``PCIE_RX_PER_SEC`` (MiB/s × 2**20), averaged over the tick.
+        pcie_link_gen_current: ``nvmlDeviceGetCurrPcieLinkGeneration`` (down-trains when idle).
+        pcie_link_width_current: ``nvmlDeviceGetCurrPcieLinkWidth``.
+        temperature_celsius: ``nvmlDeviceGetTemperature(GPU)`` (nvidia-smi ``temperature.gpu``).
+        power_watts: ``nvmlDeviceGetPowerUsage`` mW / 1000 (nvidia-smi ``power.draw``).
+        sm_clock_hertz: ``nvmlDeviceGetClockInfo(SM)`` MHz × 1e6 (nvidia-smi ``clocks.sm``).
+        memory_clock_hertz: ``nvmlDeviceGetClockInfo(MEM)`` MHz × 1e6 (``clocks.mem``).
+        clocks_event_reasons: ``nvmlDeviceGetCurrentClocksEventReasons`` bitmask.
+        ecc_*: ``nvmlDeviceGetTotalEccErrors(type, counter)``; volatile counts since the last
+            driver load, aggregate over the board's life (slow set).
+        energy_joules_total: ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000 since driver load
+            (slow set).
+        processes: ``(pid, used_bytes or None)`` per compute process
+            (``nvmlDeviceGetComputeRunningProcesses``); host PIDs.
+        missing: field name → reason it is ``None`` (``"not supported"``, ``"no permission"``,
+            ``"device down: GPU is lost"``, ``"rejected: out of range"``, ...).
+    """
+
+    ts: float
+    uuid: str
+    index: int
+    up: bool = True
+    activity_source: str | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_link_gen_current: int | None = None
+    pcie_link_width_current: int | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clocks_event_reasons: int | None = None
+    ecc_corrected_volatile_total: int | None = None
+    ecc_uncorrected_volatile_total: int | None = None
+    ecc_corrected_aggregate_total: int | None = None
+    ecc_uncorrected_aggregate_total: int | None = None
+    energy_joules_total: float | None = None
+    processes: tuple[tuple[int, int | None], ...] = ()
+    missing: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one tick saw on one host.
+
+    Attributes:
+        ts: tick time, seconds since the Unix epoch (UTC).
+        hostname: the host the agent runs for (its store identity).
+        gpus: static facts, one per device found at the last (re)initialisation.
+        samples: one ``GpuSample`` per device in ``gpus``, same order.
+        collect_seconds: wall time the NVML source spent on this tick.
+    """
+
+    ts: float
+    hostname: str
+    gpus: tuple[GpuIdentity, ...]
+    samples: tuple[GpuSample, ...]
+    collect_seconds: float = 0.0

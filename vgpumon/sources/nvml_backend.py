@@ -1,0 +1,520 @@
+"""NVML backends: the one place where vgpumon talks to libnvidia-ml.
+
+Three backends share one small interface so that the collector (``vgpumon.sources.nvml``) is the
+same code on hardware, while recording, and while replaying:
+
+* ``LiveBackend`` calls ``pynvml`` (the ``nvidia-ml-py`` distribution).
+* ``RecordingBackend`` wraps another backend and writes every call's answer, or its error code,
+  per tick to a capture file.
+* ``ReplayBackend`` answers the same calls from a capture, tick by tick, keeping the capture's
+  timestamps.
+
+Every answer crosses the interface as plain data (``int``, ``float``, ``str``, ``None``, lists,
+dicts of struct fields), so a capture is plain JSON and a replay cannot tell itself apart from the
+hardware. Errors cross it as ``NvmlCallError`` carrying NVML's return code.
+
+Capture format (JSON Lines, gzip when the file name ends in ``.gz``)::
+
+    {"vgpumon_capture": 1, "created": "...", "host": "...", "masked": true, ...}   header
+    {"tick": -1, "ts": 1764467000.1, "calls": [[scope, fn, args, kwargs, outcome], ...]}  init
+    {"tick": 0,  "ts": 1764467001.1, "calls": [...]}                                 one per tick
+
+``scope`` is ``"sys"`` or the device index; ``outcome`` is ``{"v": value}`` or ``{"e": code}``.
+The ``gpm`` pseudo-call records GPM metric outputs: ``{"v": {"<metric id>": value or {"e": code}}}``
+or ``{"v": null}`` for the first sample of a device, which has no pair yet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as _dt
+import gzip
+import io
+import json
+import socket
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
+
+from vgpumon.errors import CaptureFormatError
+
+CAPTURE_FORMAT_VERSION = 1
+
+# NVML return codes (nvml.h ``nvmlReturn_t``) the collector distinguishes.
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_UNKNOWN = 999
+#: Not an NVML code: the capture being replayed holds no answer for this call.
+NOT_IN_CAPTURE = -1
+
+ERROR_NAMES: dict[int, str] = {
+    NVML_ERROR_UNINITIALIZED: "uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "invalid argument",
+    NVML_ERROR_NOT_SUPPORTED: "not supported",
+    NVML_ERROR_NO_PERMISSION: "no permission",
+    NVML_ERROR_NOT_FOUND: "not found",
+    NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded",
+    NVML_ERROR_TIMEOUT: "timeout",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library (libnvidia-ml.so.1) not found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "function not found in this driver",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires reset",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML library / kernel driver version mismatch",
+    NVML_ERROR_DEPRECATED: "deprecated",
+    NVML_ERROR_GPU_NOT_FOUND: "GPU not found",
+    NVML_ERROR_UNKNOWN: "unknown error",
+    NOT_IN_CAPTURE: "not in capture",
+}
+
+#: Codes after which the device (or the whole library) must be re-acquired, not just one field.
+LIFECYCLE_ERRORS = frozenset(
+    {
+        NVML_ERROR_UNINITIALIZED,
+        NVML_ERROR_DRIVER_NOT_LOADED,
+        NVML_ERROR_GPU_IS_LOST,
+        NVML_ERROR_RESET_REQUIRED,
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        NVML_ERROR_GPU_NOT_FOUND,
+        NVML_ERROR_UNKNOWN,
+    }
+)
+
+
+class NvmlCallError(Exception):
+    """An NVML call failed.
+
+    Attributes:
+        code: NVML return code (``nvmlReturn_t``), or ``NOT_IN_CAPTURE`` in a replay.
+        fn: the NVML function name, e.g. ``"nvmlDeviceGetPowerUsage"``.
+    """
+
+    def __init__(self, code: int, fn: str = "") -> None:
+        self.code = code
+        self.fn = fn
+        super().__init__(f"{fn}: {self.reason}" if fn else self.reason)
+
+    @property
+    def reason(self) -> str:
+        """Short human reason, e.g. ``"not supported"``."""
+        return ERROR_NAMES.get(self.code, f"NVML error {self.code}")
+
+    @property
+    def is_lifecycle(self) -> bool:
+        """True when the device or library is down, not just one field unavailable."""
+        return self.code in LIFECYCLE_ERRORS
+
+
+class EndOfCapture(Exception):
+    """A replay has answered its last tick."""
+
+
+class NvmlBackend(Protocol):
+    """What the collector needs from NVML. All answers are plain data (see module docstring)."""
+
+    def init(self) -> None:
+        """``nvmlInit``. Raises ``NvmlCallError`` (e.g. library not found, driver not loaded)."""
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown``; never raises."""
+
+    def begin_tick(self, ts: float) -> float:
+        """Mark the start of a tick and return its timestamp (a replay returns the capture's).
+
+        Raises ``EndOfCapture`` when a replay has no more ticks.
+        """
+
+    def system(self, fn: str, *args: Any) -> Any:
+        """Call a device-less NVML function (``nvmlSystemGet*``, ``nvmlDeviceGetCount``)."""
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(handle_of(index), *args, **kwargs)``; raises ``NvmlCallError``."""
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        """Take a GPM sample and compute ``metric_ids`` over it and the previous one.
+
+        Returns ``None`` for the first sample of a device (no pair yet), else metric id → value
+        (in NVML's unit: percent or MiB/s) or ``NvmlCallError`` for a metric that failed.
+        """
+
+    def forget_device(self, index: int) -> None:
+        """Drop the cached handle and GPM sample of a device (after a lifecycle error)."""
+
+
+def to_plain(value: Any) -> Any:
+    """Convert a pynvml answer into JSON-able plain data (struct → dict of its fields)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, ctypes.Array):
+        return [to_plain(v) for v in value]
+    if isinstance(value, ctypes.Structure):
+        out = {}
+        for name, ctype, *_ in value._fields_:
+            if issubclass(ctype, (ctypes._Pointer, ctypes.c_void_p)):  # type: ignore[attr-defined]
+                continue
+            out[name] = to_plain(getattr(value, name))
+        return out
+    if isinstance(value, ctypes._SimpleCData):
+        return to_plain(value.value)
+    if hasattr(value, "__dict__"):  # pynvml's nvmlFriendlyObject
+        return {k: to_plain(v) for k, v in vars(value).items()}
+    return repr(value)
+
+
+class LiveBackend:
+    """NVML through ``pynvml`` (nvidia-ml-py). One instance per process; not thread-safe:
+    the collector calls it from its one worker thread."""
+
+    def __init__(self, pynvml_module: Any = None) -> None:
+        self._nvml = pynvml_module
+        self._handles: dict[int, Any] = {}
+        self._gpm_prev: dict[int, Any] = {}
+
+    def _lib(self) -> Any:
+        if self._nvml is None:
+            import pynvml  # deferred: importing is cheap, but the CLI must start without it
+
+            self._nvml = pynvml
+        return self._nvml
+
+    def _wrap(self, fn: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        nv = self._lib()
+        try:
+            return call(*args, **kwargs)
+        except nv.NVMLError as exc:
+            raise NvmlCallError(int(exc.value), fn) from None
+
+    def init(self) -> None:
+        nv = self._lib()
+        self._wrap("nvmlInit", nv.nvmlInit)
+
+    def shutdown(self) -> None:
+        for index in list(self._gpm_prev):
+            self._free_gpm(index)
+        self._handles.clear()
+        try:
+            self._lib().nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutdown must never raise
+            pass
+
+    def begin_tick(self, ts: float) -> float:
+        return ts
+
+    def system(self, fn: str, *args: Any) -> Any:
+        call = getattr(self._lib(), fn, None)
+        if call is None:
+            raise NvmlCallError(NVML_ERROR_FUNCTION_NOT_FOUND, fn)
+        return to_plain(self._wrap(fn, call, *args))
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            nv = self._lib()
+            handle = self._wrap("nvmlDeviceGetHandleByIndex", nv.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = handle
+        return handle
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        call = getattr(self._lib(), fn, None)
+        if call is None:  # this nvidia-ml-py has no binding for it
+            raise NvmlCallError(NVML_ERROR_FUNCTION_NOT_FOUND, fn)
+        return to_plain(self._wrap(fn, call, self._handle(index), *args, **kwargs))
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        nv = self._lib()
+        handle = self._handle(index)
+        sample = self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
+        try:
+            self._wrap("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, handle, sample)
+        except NvmlCallError:
+            nv.nvmlGpmSampleFree(sample)
+            raise
+        prev = self._gpm_prev.get(index)
+        self._gpm_prev[index] = sample
+        if prev is None:
+            return None
+        try:
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(metric_ids)
+            req.sample1 = prev
+            req.sample2 = sample
+            for i, metric_id in enumerate(metric_ids):
+                req.metrics[i].metricId = metric_id
+            self._wrap("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, req)
+            out: dict[int, Any] = {}
+            for i, metric_id in enumerate(metric_ids):
+                m = req.metrics[i]
+                if m.nvmlReturn != 0:
+                    out[metric_id] = NvmlCallError(int(m.nvmlReturn), "nvmlGpmMetricsGet")
+                else:
+                    out[metric_id] = float(m.value)
+            return out
+        finally:
+            nv.nvmlGpmSampleFree(prev)
+
+    def _free_gpm(self, index: int) -> None:
+        sample = self._gpm_prev.pop(index, None)
+        if sample is not None:
+            try:
+                self._lib().nvmlGpmSampleFree(sample)
+            except Exception:  # noqa: BLE001 - a lost device may refuse; nothing to do
+                pass
+
+    def forget_device(self, index: int) -> None:
+        self._handles.pop(index, None)
+        self._free_gpm(index)
+
+
+# --- capture file ---------------------------------------------------------------------------
+
+MASKED_HOST = "masked-host"
+
+
+def _masked(fn: str, scope: Any, value: Any) -> Any:
+    """Replace identifying answers (UUID, serial) with stable neutral ones per device index."""
+    if fn == "nvmlDeviceGetUUID" and isinstance(value, str):
+        return f"GPU-00000000-0000-4000-8000-{int(scope):012d}"
+    if fn == "nvmlDeviceGetSerial" and isinstance(value, str):
+        return f"{int(scope):013d}"
+    return value
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+    return open(path, mode, encoding="utf-8")
+
+
+def _encode_outcome(value: Any = None, error: NvmlCallError | None = None) -> dict[str, Any]:
+    if error is not None:
+        return {"e": error.code}
+    return {"v": value}
+
+
+class RecordingBackend:
+    """Wraps a backend and writes every call's answer per tick to a capture file.
+
+    Args:
+        inner: the backend that really answers (``LiveBackend`` on hardware).
+        path: capture file; ``.gz`` compresses.
+        mask: replace GPU UUIDs, serials and the host name with neutral values.
+        meta: extra header fields (interval, command line, ...).
+    """
+
+    def __init__(
+        self,
+        inner: NvmlBackend,
+        path: str | Path,
+        *,
+        mask: bool = False,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._inner = inner
+        self._mask = mask
+        self._file = _open_text(Path(path), "w")
+        header = {
+            "vgpumon_capture": CAPTURE_FORMAT_VERSION,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": MASKED_HOST if mask else socket.gethostname(),
+            "masked": mask,
+            **(meta or {}),
+        }
+        self._file.write(json.dumps(header) + "\n")
+        self._tick = -1
+        self._ts: float | None = None
+        self._calls: list[list[Any]] = []
+        self.ticks_written = 0
+
+    def _flush_tick(self) -> None:
+        if self._calls or self._tick == -1:
+            line = {"tick": self._tick, "ts": self._ts, "calls": self._calls}
+            self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+            if self._tick >= 0:
+                self.ticks_written += 1
+        self._calls = []
+
+    def _record(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any], call: Any) -> Any:
+        try:
+            value = call()
+        except NvmlCallError as exc:
+            self._calls.append([scope, fn, list(args), dict(kwargs), _encode_outcome(error=exc)])
+            raise
+        stored = _masked(fn, scope, value) if self._mask else value
+        if fn == "gpm" and value is not None:
+            stored = {
+                str(k): ({"e": v.code} if isinstance(v, NvmlCallError) else v) for k, v in value.items()
+            }
+        self._calls.append([scope, fn, list(args), dict(kwargs), _encode_outcome(stored)])
+        return _masked(fn, scope, value) if self._mask else value
+
+    def init(self) -> None:
+        self._record("sys", "nvmlInit", (), {}, self._inner.init)
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+        self.close()
+
+    def close(self) -> None:
+        """Write the pending tick and close the file (idempotent)."""
+        if not self._file.closed:
+            self._flush_tick()
+            self._file.close()
+
+    def begin_tick(self, ts: float) -> float:
+        ts = self._inner.begin_tick(ts)
+        self._flush_tick()
+        self._tick += 1
+        self._ts = ts
+        return ts
+
+    def system(self, fn: str, *args: Any) -> Any:
+        return self._record("sys", fn, args, {}, lambda: self._inner.system(fn, *args))
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        return self._record(index, fn, args, kwargs, lambda: self._inner.device(index, fn, *args, **kwargs))
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        return self._record(index, "gpm", [list(metric_ids)], {}, lambda: self._inner.gpm(index, metric_ids))
+
+    def forget_device(self, index: int) -> None:
+        self._inner.forget_device(index)
+
+
+def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
+
+
+def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a capture file.
+
+    Returns:
+        ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
+
+    Raises:
+        CaptureFormatError: the file is missing, not a vgpumon capture, of an unknown format
+            version, or has a malformed line (its number is named).
+    """
+    path = Path(path)
+    try:
+        with _open_text(path, "r") as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise CaptureFormatError(f"cannot read capture {path}: {exc}") from None
+    if not lines:
+        raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        raise CaptureFormatError(f"{path} is not a vgpumon capture (line 1 is not JSON)") from None
+    if not isinstance(header, dict) or "vgpumon_capture" not in header:
+        raise CaptureFormatError(f"{path} is not a vgpumon capture (no header)")
+    if header["vgpumon_capture"] != CAPTURE_FORMAT_VERSION:
+        raise CaptureFormatError(
+            f"{path} has capture format {header['vgpumon_capture']}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
+        )
+    ticks = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            tick = json.loads(line)
+            tick["tick"], tick["calls"]  # noqa: B018 - shape check
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CaptureFormatError(f"{path}:{n}: malformed capture line") from None
+        ticks.append(tick)
+    return header, ticks
+
+
+class ReplayBackend:
+    """Answers NVML calls from a capture, one recorded tick per ``begin_tick``.
+
+    A call is answered from the current tick's recorded answers for the same function and
+    arguments (in recorded order when made several times), else from the init block; a call
+    the capture never saw raises ``NvmlCallError(NOT_IN_CAPTURE)``.
+
+    Args:
+        path: capture file written by ``RecordingBackend`` (``vgpumon record``).
+        ticks: already-read ticks (with ``header``) instead of ``path``, for derived scenarios.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        header: Mapping[str, Any] | None = None,
+        ticks: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        if path is not None:
+            header, ticks = read_capture(path)
+        if header is None or ticks is None:
+            raise ValueError("ReplayBackend needs a path or header and ticks")
+        self.header = dict(header)
+        init = [t for t in ticks if t["tick"] < 0]
+        self._init = self._index(init[0]["calls"]) if init else {}
+        self._ticks: Iterator[Mapping[str, Any]] = iter([t for t in ticks if t["tick"] >= 0])
+        self.tick_count = sum(1 for t in ticks if t["tick"] >= 0)
+        self._current: dict[str, list[dict[str, Any]]] = {}
+
+    @staticmethod
+    def _index(calls: Sequence[Sequence[Any]]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for scope, fn, args, kwargs, outcome in calls:
+            out.setdefault(_key(scope, fn, args, kwargs), []).append(outcome)
+        return out
+
+    def _answer(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        key = _key(scope, fn, args, kwargs)
+        queue = self._current.get(key) or self._init.get(key)
+        if not queue:
+            raise NvmlCallError(NOT_IN_CAPTURE, fn)
+        outcome = queue.pop(0) if len(queue) > 1 else queue[0]
+        if "e" in outcome:
+            raise NvmlCallError(int(outcome["e"]), fn)
+        return outcome["v"]
+
+    def init(self) -> None:
+        self._answer("sys", "nvmlInit", (), {})
+
+    def shutdown(self) -> None:
+        pass
+
+    def begin_tick(self, ts: float) -> float:
+        try:
+            tick = next(self._ticks)
+        except StopIteration:
+            raise EndOfCapture from None
+        self._current = self._index(tick["calls"])
+        return float(tick["ts"])
+
+    def system(self, fn: str, *args: Any) -> Any:
+        return self._answer("sys", fn, args, {})
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        return self._answer(index, fn, args, kwargs)
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        raw = self._answer(index, "gpm", [list(metric_ids)], {})
+        if raw is None:
+            return None
+        return {
+            int(k): (NvmlCallError(int(v["e"]), "nvmlGpmMetricsGet") if isinstance(v, dict) else v)
+            for k, v in raw.items()
+        }
+
+    def forget_device(self, index: int) -> None:
+        pass
