@@ -199,17 +199,21 @@ def diagnose(
     3 UNKNOWN (host not in the store, no samples, store unreachable).
     """
     from vgpumon.config import default_db_url
-    from vgpumon.diagnose import build_report, exit_code
+    from vgpumon.diagnose import build_report, exit_code, resolve_host, unknown_report
     from vgpumon.render import render_diagnose
     from vgpumon.store import Store
 
     seconds = _parse_duration(window)
     url = db or default_db_url()
-    store = Store(url)
     try:
-        report = build_report(store, host, window_seconds=seconds)
-    finally:
-        store.close()
+        store = Store(url, create=False)
+        try:
+            report = build_report(store, host, window_seconds=seconds)
+        finally:
+            store.close()
+    except StoreUnavailableError as exc:
+        typer.echo(f"vgpumon: {exc}", err=True)
+        report = unknown_report(resolve_host(host), str(exc))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

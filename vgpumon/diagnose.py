@@ -8,9 +8,9 @@ of that sample is part of the report.
 from __future__ import annotations
 
 import datetime as dt
-import socket
 from typing import Any
 
+from vgpumon.config import default_hostname
 from vgpumon.errors import ExitCode
 from vgpumon.pcie import link_capacity_bytes_per_second
 from vgpumon.store import Store, StoredGpu
@@ -52,9 +52,10 @@ def _iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def resolve_host(store: Store, host: str) -> str:
-    """Map the ``host`` argument to a stored host name (``localhost`` → this machine's name)."""
-    return socket.gethostname() if host in {"localhost", "127.0.0.1", "::1"} else host
+def resolve_host(host: str) -> str:
+    """Map the ``host`` argument to a stored host name: ``localhost`` → the name this machine's
+    agent stores under (``$VGPUMON_HOSTNAME`` or the system host name)."""
+    return default_hostname() if host in {"localhost", "127.0.0.1", "::1"} else host
 
 
 def _value(v: Any, reason: str) -> dict[str, Any]:
@@ -195,11 +196,11 @@ def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now:
     import time
 
     now = time.time() if now is None else now
-    hostname = resolve_host(store, host)
-    gpus = store.gpus_of(hostname)
-    report: dict[str, Any] = {"host": hostname, "status": "unknown", "window": None, "gpus": [], "findings": []}
+    hostname = resolve_host(host)
+    report = unknown_report(hostname)
+    known = store.hostnames()  # also checks that the store holds vgpumon tables
+    gpus = store.gpus_of(hostname) if hostname in known else []
     if not gpus:
-        known = store.hostnames()
         hint = f"; hosts in the store: {', '.join(known)}" if known else "; the store is empty"
         report["findings"].append({"severity": "unknown", "message": f"host {hostname!r} not in the store{hint}"})
         return report
@@ -218,6 +219,12 @@ def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now:
                 worst = f["severity"]
     report["status"] = worst
     return report
+
+
+def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:
+    """A report with status ``unknown`` (no data, store unreachable), optionally with a finding."""
+    findings = [{"severity": "unknown", "message": message}] if message else []
+    return {"host": host, "status": "unknown", "window": None, "gpus": [], "findings": findings}
 
 
 def exit_code(report: dict[str, Any]) -> ExitCode:

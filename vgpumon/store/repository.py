@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -49,15 +50,20 @@ class Store:
     Args:
         url: SQLAlchemy URL (see ``make_engine``).
         engine: an existing engine instead of ``url`` (tests).
+        create: allow creating a new SQLite file; readers pass False so that a mistyped path
+            reports "no store" instead of creating an empty one.
 
     Every method raises ``StoreUnavailableError`` when the database cannot be reached or queried.
     """
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None, create: bool = True) -> None:
         if engine is None:
             if url is None:
                 raise ValueError("Store needs a URL or an engine")
-            engine = make_engine(url)
+            engine = make_engine(url, create_dirs=create)
+            db = engine.url.database
+            if not create and engine.dialect.name == "sqlite" and db and db != ":memory:" and not Path(db).expanduser().exists():
+                raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
         self.engine = engine
         self._insert = _insert_ignoring_duplicates(engine, _SAMPLES)
 
@@ -144,6 +150,10 @@ class Store:
         """Every host in the store, sorted."""
         try:
             with self.engine.connect() as conn:
+                if not self.engine.dialect.has_table(conn, Host.__tablename__):
+                    raise StoreUnavailableError(
+                        f"{self.engine.url.render_as_string(hide_password=True)} holds no vgpumon data (no tables)"
+                    )
                 return list(conn.scalars(select(Host.hostname).order_by(Host.hostname)))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None

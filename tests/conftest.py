@@ -1,0 +1,76 @@
+"""Shared fixtures: recorded real captures, and a store on real SQLite and (when configured)
+real Postgres. Set VGPUMON_TEST_POSTGRES_URL (``.ci/run`` does) to run every store test on both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from vgpumon.agent import Agent
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.store import Store, open_store
+from vgpumon.store.engine import make_engine
+
+DATA = Path(__file__).parent / "data"
+H200_CAPTURE = DATA / "h200-workload.jsonl.gz"
+H200_PHASES = json.loads((DATA / "h200-workload.phases.json").read_text())
+POSTGRES_ENV = "VGPUMON_TEST_POSTGRES_URL"
+
+
+def phase(name: str) -> dict[str, Any]:
+    """Wall-clock bounds of a workload phase of the H200 capture."""
+    return next(p for p in H200_PHASES["phases"] if p["name"] == name)
+
+
+def _reset_postgres(url: str) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store URL: a SQLite file, or the test Postgres with an empty schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'vgpumon.db'}"
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"Postgres store tests need {POSTGRES_ENV} (e.g. postgresql+psycopg://postgres@127.0.0.1/test)")
+    _reset_postgres(url)
+    return url
+
+
+def replay_into(url: str, backend: ReplayBackend | None = None, *, hostname: str = "h200-replay", **kw: Any) -> Agent:
+    """Replay a capture (the H200 one by default) through agent → store; returns the agent."""
+    source = NvmlSource(backend or ReplayBackend(H200_CAPTURE), **kw)
+    store = open_store(url)
+    agent = Agent(source, store, hostname=hostname, paced=False)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    return agent
+
+
+@pytest.fixture
+def store_of():
+    """Open stores for reading, closed after the test."""
+    opened: list[Store] = []
+
+    def _open(url: str) -> Store:
+        s = Store(url)
+        opened.append(s)
+        return s
+
+    yield _open
+    for s in opened:
+        s.close()

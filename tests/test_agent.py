@@ -1,0 +1,64 @@
+"""The agent under stop signals and device failures: nothing lost, nothing half-written."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import H200_CAPTURE, replay_into
+from sqlalchemy import text
+
+from vgpumon.diagnose import build_report
+from vgpumon.sources.nvml_backend import NVML_ERROR_GPU_IS_LOST, read_capture
+from vgpumon.store.engine import make_engine
+from vgpumon.testing import scenarios
+
+
+def test_sigterm_mid_run_stores_every_sampled_tick_whole(tmp_path):
+    """An 8-GPU host (the H200 capture replicated) replayed at recorded pace, stopped by
+    SIGTERM after a few ticks: exit 0, and every tick the agent took is stored for all 8 GPUs."""
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    cap = tmp_path / "eight.jsonl.gz"
+    scenarios.write(cap, header, ticks)
+    db = tmp_path / "x.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--db", f"sqlite:///{db}"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(4.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    reported_ticks = int(err.split("vgpumon agent: ")[1].split(" ticks")[0])
+    assert 2 <= reported_ticks < 70
+    with make_engine(f"sqlite:///{db}").connect() as conn:
+        per_tick = conn.execute(text("SELECT ts, count(*) FROM gpu_samples GROUP BY ts")).all()
+    assert len(per_tick) == reported_ticks
+    assert {n for _, n in per_tick} == {8}
+
+
+def test_lost_gpu_degrades_only_itself_and_comes_back(db_url, store_of):
+    """GPU 1 of 4 answers GPU_IS_LOST to every call for ticks 20–29 (derived from the H200
+    capture): the other three keep every tick, GPU 1 is stored as down (no values) for exactly
+    those ticks and reports again afterwards; diagnose warns."""
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 4)
+    header, ticks = scenarios.fail_call(header, ticks, "*", NVML_ERROR_GPU_IS_LOST, from_tick=20, until_tick=30, devices={1})
+    agent = replay_into(db_url, scenarios.backend(header, ticks))
+    store = store_of(db_url)
+    gpus = store.gpus_of("h200-replay")
+    assert len(gpus) == 4
+    for g in gpus:
+        rows = store.series(g.id, 0, 2e9, ("up", "power_watts"))
+        assert len(rows) == agent.stats.ticks
+        down = [r for r in rows if not r["up"]]
+        if g.identity.index == 1:
+            assert len(down) == 10
+            assert all(r["power_watts"] is None for r in down)
+            assert rows[-1]["up"] and rows[-1]["power_watts"] is not None
+        else:
+            assert down == []
+    report = build_report(store, "h200-replay")
+    assert report["status"] == "warning"
+    assert report["gpus"][1]["findings"][0]["message"].startswith("GPU unreadable for 10 of")

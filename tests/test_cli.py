@@ -1,0 +1,98 @@
+"""What a user sees at the command line: exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import ctypes.util
+import subprocess
+import sys
+
+import pytest
+from conftest import H200_CAPTURE
+
+from vgpumon.sources.nvml_backend import NVML_ERROR_NOT_SUPPORTED, read_capture
+from vgpumon.testing import scenarios
+
+VGPUMON = [sys.executable, "-m", "vgpumon"]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, env=env, timeout=120)
+
+
+def _nvml_present() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver; the no-driver path cannot be shown here")
+def test_agent_without_driver_names_the_cause_in_one_line_and_exits_69(tmp_path):
+    out = run("agent", "--duration", "1", "--db", f"sqlite:///{tmp_path / 'x.db'}")
+    assert out.returncode == 69
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "libnvidia-ml.so.1" in lines[0] and "not found" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_usage_error_exits_64_not_critical():
+    out = run("diagnose")
+    assert out.returncode == 64
+    assert "Missing argument" in out.stderr
+
+
+def test_bad_window_is_a_usage_error():
+    out = run("diagnose", "localhost", "--window", "soon")
+    assert out.returncode == 64
+    assert "not a duration" in out.stderr
+
+
+def test_diagnose_unknown_host_is_unknown_and_lists_known_hosts(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", "gpu-host-17").returncode == 0
+    out = run("diagnose", "gpu-host-42", "--db", url)
+    assert out.returncode == 3
+    assert "gpu-host-42" in out.stdout and "gpu-host-17" in out.stdout
+    assert run("diagnose", "gpu-host-17", "--db", url).returncode == 0
+
+
+def test_diagnose_on_empty_store_is_unknown(tmp_path):
+    missing = tmp_path / "missing.db"
+    out = run("diagnose", "localhost", "--db", f"sqlite:///{missing}", "--json")
+    assert out.returncode == 3
+    assert '"status": "unknown"' in out.stdout
+    assert "no store at" in out.stderr
+    assert not missing.exists(), "a reader must not create an empty store"
+
+
+def test_unreachable_store_is_unknown_with_one_line():
+    out = run("diagnose", "localhost", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    assert out.returncode == 3
+    assert out.stderr.startswith("vgpumon: store") and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "UNKNOWN" in out.stdout
+
+
+def test_garbage_capture_is_a_data_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("this is not a capture\n")
+    out = run("agent", "--replay", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
+    assert out.returncode == 65
+    assert "not a vgpumon capture" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gpu_without_gpm_is_labelled_utilization_proxy(tmp_path):
+    """Pre-Hopper path (derived: GPM support query answers NOT_SUPPORTED): the report must not
+    pass utilization off as SM activity, and PCIe bytes/s are N/A with the reason."""
+    header, ticks = read_capture(H200_CAPTURE)
+    header, ticks = scenarios.fail_call(header, ticks, "nvmlGpmQueryDeviceSupport", NVML_ERROR_NOT_SUPPORTED, from_tick=-1)
+    cap = tmp_path / "no-gpm.jsonl"
+    scenarios.write(cap, header, ticks)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run("agent", "--replay", str(cap), "--db", url).returncode == 0
+    out = run("diagnose", "localhost", "--db", url)
+    assert out.returncode == 0
+    assert "GPU util (proxy: no GPM, not SM activity)" in out.stdout
+    assert "N/A (no GPM on this GPU" in out.stdout
