@@ -28,6 +28,8 @@ class GpuIdentity:
             (``nvmlDeviceGetGpuMaxPcieLinkGeneration``); above ``pcie_link_gen_max`` means the
             card sits in a slower slot.
         gpm_supported: ``nvmlGpmQueryDeviceSupport`` (Hopper and later).
+        sm_clock_max_hertz: ``nvmlDeviceGetMaxClockInfo(SM)`` MHz × 1e6 (``clocks.max.sm``).
+        memory_clock_max_hertz: ``nvmlDeviceGetMaxClockInfo(MEM)`` MHz × 1e6 (``clocks.max.mem``).
     """
 
     index: int
@@ -40,6 +42,8 @@ class GpuIdentity:
     pcie_link_width_max: int | None = None
     pcie_link_gen_gpu_max: int | None = None
     gpm_supported: bool = False
+    sm_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +79,20 @@ class GpuSample:
         sm_clock_hertz: ``nvmlDeviceGetClockInfo(SM)`` MHz × 1e6 (nvidia-smi ``clocks.sm``).
         memory_clock_hertz: ``nvmlDeviceGetClockInfo(MEM)`` MHz × 1e6 (``clocks.mem``).
         clocks_event_reasons: ``nvmlDeviceGetCurrentClocksEventReasons`` bitmask.
+        performance_state: ``nvmlDeviceGetPerformanceState`` (P0 = 0 … P15; nvidia-smi ``pstate``).
+        fan_speed_ratio: ``nvmlDeviceGetFanSpeed`` / 100; ``None`` on passively cooled boards.
         ecc_*: ``nvmlDeviceGetTotalEccErrors(type, counter)``; volatile counts since the last
-            driver load, aggregate over the board's life (slow set).
+            driver load, aggregate over the board's life (slow set). ``*_dram_*``/``*_sram_*``:
+            ``nvmlDeviceGetMemoryErrorCounter`` by location where the board exports it.
+        bar1_used_bytes, bar1_total_bytes: ``nvmlDeviceGetBAR1MemoryInfo`` (slow set).
+        pcie_replay_total: ``nvmlDeviceGetPcieReplayCounter`` (slow set).
+        remapped_rows_*: ``nvmlDeviceGetRemappedRows`` (Ampere and later; slow set).
+        retired_pages_*: ``nvmlDeviceGetRetiredPages`` / ``...PendingStatus`` (pre-Ampere).
+        power_limit_watts: ``nvmlDeviceGetEnforcedPowerLimit`` mW / 1000 (``enforced.power.limit``).
+        violation_power_seconds_total, violation_thermal_seconds_total:
+            ``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` ns / 1e9 (slow set).
+        persistence_mode, compute_mode, mig_mode: ``nvmlDeviceGetPersistenceMode``,
+            ``nvmlDeviceGetComputeMode``, ``nvmlDeviceGetMigMode`` current (slow set).
         energy_joules_total: ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000 since driver load
             (slow set).
         processes: ``(pid, used_bytes or None)`` per compute process
@@ -113,6 +129,28 @@ class GpuSample:
     ecc_corrected_aggregate_total: int | None = None
     ecc_uncorrected_aggregate_total: int | None = None
     energy_joules_total: float | None = None
+    performance_state: int | None = None
+    fan_speed_ratio: float | None = None
+    ecc_corrected_volatile_dram_total: int | None = None
+    ecc_uncorrected_volatile_dram_total: int | None = None
+    ecc_corrected_volatile_sram_total: int | None = None
+    ecc_uncorrected_volatile_sram_total: int | None = None
+    bar1_used_bytes: int | None = None
+    bar1_total_bytes: int | None = None
+    pcie_replay_total: int | None = None
+    remapped_rows_correctable_total: int | None = None
+    remapped_rows_uncorrectable_total: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    retired_pages_single_bit_total: int | None = None
+    retired_pages_double_bit_total: int | None = None
+    retired_pages_pending: bool | None = None
+    power_limit_watts: float | None = None
+    violation_power_seconds_total: float | None = None
+    violation_thermal_seconds_total: float | None = None
+    persistence_mode: bool | None = None
+    compute_mode: int | None = None
+    mig_mode: int | None = None
     processes: tuple[tuple[int, int | None], ...] = ()
     missing: Mapping[str, str] = field(default_factory=dict)
 

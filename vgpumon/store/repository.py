@@ -110,6 +110,8 @@ class Store:
                         pcie_link_width_max=g.pcie_link_width_max,
                         pcie_link_gen_gpu_max=g.pcie_link_gen_gpu_max,
                         gpm_supported=g.gpm_supported,
+                        sm_clock_max_hertz=g.sm_clock_max_hertz,
+                        memory_clock_max_hertz=g.memory_clock_max_hertz,
                         last_seen=now,
                     )
                     gpu_id = conn.scalar(select(Gpu.id).where(Gpu.uuid == g.uuid))
@@ -184,6 +186,8 @@ class Store:
                         pcie_link_width_max=g["pcie_link_width_max"],
                         pcie_link_gen_gpu_max=g["pcie_link_gen_gpu_max"],
                         gpm_supported=bool(g["gpm_supported"]),
+                        sm_clock_max_hertz=g["sm_clock_max_hertz"],
+                        memory_clock_max_hertz=g["memory_clock_max_hertz"],
                     ),
                 )
             )

@@ -24,7 +24,9 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     String,
+    Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -77,6 +79,8 @@ JOULES = FixedPoint(1_000)  # NVML reports millijoules
 HERTZ = FixedPoint(1_000_000, coarse=True)  # NVML reports whole MHz
 CELSIUS = FixedPoint(10)  # 0.1 °C; NVML's legacy call gives whole degrees
 BYTES_PER_SECOND = FixedPoint(1)
+SECONDS = FixedPoint(1_000)  # milliseconds
+LOAD = FixedPoint(100)  # load average in 1/100
 
 
 class Base(DeclarativeBase):
@@ -122,6 +126,8 @@ class Gpu(Base):
     pcie_link_width_max: Mapped[int | None] = mapped_column(SmallInteger)
     pcie_link_gen_gpu_max: Mapped[int | None] = mapped_column(SmallInteger)
     gpm_supported: Mapped[bool] = mapped_column(Boolean, default=False)
+    sm_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
+    memory_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
     first_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
     last_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
@@ -163,6 +169,112 @@ class GpuSampleRow(Base):
     ecc_corrected_aggregate_total: Mapped[int | None] = mapped_column(BigInteger)
     ecc_uncorrected_aggregate_total: Mapped[int | None] = mapped_column(BigInteger)
     energy_joules_total: Mapped[float | None] = mapped_column(JOULES)
+    performance_state: Mapped[int | None] = mapped_column(SmallInteger)
+    fan_speed_ratio: Mapped[float | None] = mapped_column(RATIO)
+    ecc_corrected_volatile_dram_total: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_uncorrected_volatile_dram_total: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_corrected_volatile_sram_total: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_uncorrected_volatile_sram_total: Mapped[int | None] = mapped_column(BigInteger)
+    bar1_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    bar1_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    pcie_replay_total: Mapped[int | None] = mapped_column(BigInteger)
+    remapped_rows_correctable_total: Mapped[int | None] = mapped_column(Integer)
+    remapped_rows_uncorrectable_total: Mapped[int | None] = mapped_column(Integer)
+    remapped_rows_pending: Mapped[bool | None] = mapped_column(Boolean)
+    remapped_rows_failure: Mapped[bool | None] = mapped_column(Boolean)
+    retired_pages_single_bit_total: Mapped[int | None] = mapped_column(Integer)
+    retired_pages_double_bit_total: Mapped[int | None] = mapped_column(Integer)
+    retired_pages_pending: Mapped[bool | None] = mapped_column(Boolean)
+    power_limit_watts: Mapped[float | None] = mapped_column(WATTS)
+    violation_power_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
+    violation_thermal_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
+    persistence_mode: Mapped[bool | None] = mapped_column(Boolean)
+    compute_mode: Mapped[int | None] = mapped_column(SmallInteger)
+    mig_mode: Mapped[int | None] = mapped_column(SmallInteger)
+
+
+class HostSample(Base):
+    """One host, one tick (psutil): CPU, memory, load."""
+
+    __tablename__ = "host_samples"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
+    cpu_ratio: Mapped[float | None] = mapped_column(RATIO)
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    load1: Mapped[float | None] = mapped_column(LOAD)
+    load5: Mapped[float | None] = mapped_column(LOAD)
+    load15: Mapped[float | None] = mapped_column(LOAD)
+
+
+class Process(Base):
+    """A process that held a GPU, identified by (host, pid, start time) since PIDs are reused.
+
+    ``resolved`` is false when the PID could not be looked up (another PID namespace, or gone
+    before the first look): owner fields are then NULL.
+    """
+
+    __tablename__ = "processes"
+    __table_args__ = (UniqueConstraint("host_id", "pid", "start_time"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    pid: Mapped[int] = mapped_column(Integer)
+    start_time: Mapped[float | None] = mapped_column(EpochMillis)
+    name: Mapped[str | None] = mapped_column(String(255))
+    cmdline: Mapped[str | None] = mapped_column(Text)
+    username: Mapped[str | None] = mapped_column(String(255))
+    container_id: Mapped[str | None] = mapped_column(String(128))
+    resolved: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class GpuProcessSample(Base):
+    """One process on one GPU at one tick: its GPU memory, and its host RSS and CPU time (a
+    leak that keeps request objects alive grows both)."""
+
+    __tablename__ = "gpu_process_samples"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
+    process_id: Mapped[int] = mapped_column(ForeignKey("processes.id"), primary_key=True)
+    used_gpu_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cpu_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
+
+
+class XidEvent(Base):
+    """One XID event (``nvmlEventSetWait``): every event is kept, never only the last one."""
+
+    __tablename__ = "xid_events"
+    __table_args__ = (UniqueConstraint("gpu_id", "ts", "xid"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), index=True)
+    ts: Mapped[float] = mapped_column(EpochMillis)
+    xid: Mapped[int] = mapped_column(Integer)
+
+
+class PcieLink(Base):
+    """One hop of a host's PCIe tree as last observed (sysfs): a GPU, a switch port or a root
+    port, with its parent. The capacity review sums GPU traffic over shared upstream hops."""
+
+    __tablename__ = "pcie_links"
+    __table_args__ = (UniqueConstraint("host_id", "bdf"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    bdf: Mapped[str] = mapped_column(String(32))
+    parent_bdf: Mapped[str | None] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(16))  # gpu | bridge | root
+    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id"))
+    link_gen_current: Mapped[int | None] = mapped_column(SmallInteger)
+    link_width_current: Mapped[int | None] = mapped_column(SmallInteger)
+    link_gen_max: Mapped[int | None] = mapped_column(SmallInteger)
+    link_width_max: Mapped[int | None] = mapped_column(SmallInteger)
+    observed_at: Mapped[float] = mapped_column(EpochMillis)
 
 
 ACTIVITY_SOURCES = {"gpm": 1, "utilization": 2}
