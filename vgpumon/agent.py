@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.model import Snapshot
+from vgpumon.model import HostSample, NvmlReading, Snapshot
+from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
+from vgpumon.store.repository import TickRows
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class Agent:
         flush_every: seconds of wall time between batched writes.
         monotonic: injected clock for pacing (``time.monotonic``).
         on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
+        host: the host source (psutil); ``None`` skips host samples (replays of another host's
+            capture skip them by default: this host's CPU says nothing about that one).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class Agent:
         flush_every: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         on_tick: Callable[[Snapshot], None] | None = None,
+        host: HostSource | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -75,30 +80,35 @@ class Agent:
         self.flush_every = flush_every
         self.monotonic = monotonic
         self.on_tick = on_tick
+        self.host = host
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[TickRows] = []
+        self._gpu_ids: dict[str, int] = {}
+        self._host_id: int | None = None
+        self._registered: tuple[Any, ...] = ()
         self._writer: asyncio.Task[None] | None = None
         self._outage = False
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
+        self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
 
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
-    async def _write(self, batch: list[dict[str, Any]]) -> None:
+    async def _write(self, batch: list[TickRows]) -> None:
         assert self.store is not None
         try:
-            await asyncio.get_running_loop().run_in_executor(self._store_exec, self.store.write_gpu_rows, batch)
+            await asyncio.get_running_loop().run_in_executor(self._store_exec, self.store.write_ticks, batch)
         except StoreUnavailableError as exc:
             if not self._outage:  # one line per outage, not one per batch
                 log.error("%s; keeping samples in memory and retrying", exc)
                 self._outage = True
             self._pending[:0] = batch  # keep tick order for the retry
             return
-        self.stats.rows_written += len(batch)
+        self.stats.rows_written += sum(len(t.get("gpu_samples", ())) for t in batch)
         if self._outage:
-            log.warning("store reachable again; wrote %d held rows", len(batch))
+            log.warning("store reachable again; wrote %d held ticks", len(batch))
             self._outage = False
 
     def _flush(self) -> None:
@@ -116,6 +126,47 @@ class Agent:
         if self._writer is not None:
             await self._writer
 
+    async def _register(self) -> None:
+        self._registered = self.source.gpus
+        if self.store is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._gpu_ids = await loop.run_in_executor(self._store_exec, self.store.register_gpus, self.hostname, self.source.gpus)
+        self._host_id = await loop.run_in_executor(self._store_exec, self.store.host_id, self.hostname)
+
+    def _tick_rows(self, snap: Snapshot) -> TickRows:
+        """The rows one tick writes, per table."""
+        ids = self._gpu_ids
+        rows: TickRows = {
+            "gpu_samples": [Store.sample_row(ids[s.uuid], s) for s in snap.samples if s.uuid in ids],
+            "xid_events": [{"gpu_id": ids[e.uuid], "ts": e.ts, "xid": e.xid} for e in snap.xid_events if e.uuid in ids],
+        }
+        h: HostSample | None = snap.host
+        if h is not None and self._host_id is not None:
+            rows["host_samples"] = [
+                {
+                    "host_id": self._host_id, "ts": h.ts, "cpu_ratio": h.cpu_ratio,
+                    "memory_used_bytes": h.memory_used_bytes, "memory_total_bytes": h.memory_total_bytes,
+                    "load1": h.load1, "load5": h.load5, "load15": h.load15,
+                }
+            ]
+            procs = []
+            for s in snap.samples:
+                for pid, used in s.processes:
+                    p = h.processes.get(pid)
+                    if p is None or s.uuid not in ids:
+                        continue
+                    procs.append(
+                        {
+                            "host_id": self._host_id, "gpu_id": ids[s.uuid], "ts": s.ts, "pid": pid,
+                            "start_time": p.start_time, "name": p.name, "cmdline": p.cmdline, "username": p.username,
+                            "container_id": p.container_id, "resolved": p.resolved, "used_gpu_memory_bytes": used,
+                            "rss_bytes": p.rss_bytes, "cpu_seconds_total": p.cpu_seconds_total,
+                        }
+                    )
+            rows["gpu_process_samples"] = procs
+        return rows
+
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
 
@@ -127,11 +178,7 @@ class Agent:
         try:
             gpus = await self._nvml(self.source.start)
             self.stats.gpus = len(gpus)
-            gpu_ids: dict[str, int] = {}
-            if self.store is not None:
-                gpu_ids = await asyncio.get_running_loop().run_in_executor(
-                    self._store_exec, self.store.register_gpus, self.hostname, gpus
-                )
+            await self._register()
             start = self.monotonic()
             first_ts: float | None = None
             last_flush = start
@@ -139,21 +186,30 @@ class Agent:
             while not stop.is_set():
                 t0 = self.monotonic()
                 try:
-                    ts, samples = await self._nvml(self.source.sample)
+                    reading: NvmlReading = await self._nvml(self.source.sample)
                 except EndOfCapture:
                     break
+                ts = reading.ts
                 if first_ts is None:
                     first_ts = ts
                 if self.duration is not None and ts - first_ts >= self.duration:
                     break
+                if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
+                    self.stats.gpus = len(self.source.gpus)
+                    await self._register()
+                host = None
+                if self.host is not None:
+                    pids = {pid for s in reading.samples for pid, _ in s.processes}
+                    host = await asyncio.get_running_loop().run_in_executor(self._host_exec, self.host.sample, ts, pids)
+                statuses = tuple(s for s in (reading.status,) if s is not None)
                 snap = Snapshot(
-                    ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=samples,
-                    collect_seconds=self.monotonic() - t0,
+                    ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
+                    xid_events=reading.xid_events, sources=statuses, host=host,
                 )
                 self.latest = snap
                 self.stats.ticks += 1
                 if self.store is not None:
-                    self._pending.extend(Store.sample_row(gpu_ids[s.uuid], s) for s in samples if s.uuid in gpu_ids)
+                    self._pending.append(self._tick_rows(snap))
                     if self.monotonic() - last_flush >= self.flush_every:
                         self._flush()
                         last_flush = self.monotonic()
@@ -175,8 +231,8 @@ class Agent:
             await self._drain()
             self.stats.rows_pending = len(self._pending)
             if self._pending:
-                log.error("%d rows could not be stored before exit", len(self._pending))
+                log.error("%d ticks could not be stored before exit", len(self._pending))
             await asyncio.get_running_loop().run_in_executor(self._nvml_exec, self.source.close)
-            self._nvml_exec.shutdown(wait=True)
-            self._store_exec.shutdown(wait=True)
+            for executor in (self._nvml_exec, self._store_exec, self._host_exec):
+                executor.shutdown(wait=True)
         return self.stats

@@ -126,9 +126,12 @@ def agent(
         store = open_store(url)
     except StoreUnavailableError as exc:
         raise StoreStartError(str(exc)) from None
+    from vgpumon.sources.host import HostSource
+
     runner = Agent(
         source,
         store,
+        host=None if replay else HostSource(),
         hostname=hostname or default_hostname(),
         interval=interval,
         duration=_parse_duration(duration) if duration else None,

@@ -95,6 +95,10 @@ class GpuSample:
             ``nvmlDeviceGetComputeMode``, ``nvmlDeviceGetMigMode`` current (slow set).
         energy_joules_total: ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000 since driver load
             (slow set).
+        pcie_replay_rate_per_second: increase of ``pcie_replay_total`` per second since the
+            previous slow read; ``None`` on the first read and after a counter reset.
+        xid_counts: XID code → events seen on this GPU since the agent started.
+        xid_last_seen: XID code → time of the newest such event (epoch seconds).
         processes: ``(pid, used_bytes or None)`` per compute process
             (``nvmlDeviceGetComputeRunningProcesses``); host PIDs.
         missing: field name → reason it is ``None`` (``"not supported"``, ``"no permission"``,
@@ -151,8 +155,104 @@ class GpuSample:
     persistence_mode: bool | None = None
     compute_mode: int | None = None
     mig_mode: int | None = None
+    pcie_replay_rate_per_second: float | None = None
+    xid_counts: Mapping[int, int] = field(default_factory=dict)
+    xid_last_seen: Mapping[int, float] = field(default_factory=dict)
     processes: tuple[tuple[int, int | None], ...] = ()
     missing: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One XID event: ``ts`` (epoch seconds, when the agent received it), GPU, XID code."""
+
+    ts: float
+    uuid: str
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Self-metrics of one source.
+
+    Attributes:
+        name: ``"nvml"``, ``"host"``, ``"vllm"``.
+        up: the source answered this tick (for NVML: the library is usable; single devices can
+            still be down, see ``GpuSample.up``).
+        last_success_ts: newest tick the source answered (epoch seconds); ``None`` if never.
+        collect_seconds: wall time the source spent on this tick.
+        rejected: field → values rejected as impossible since the agent started.
+        message: why the source is down, ``None`` when up.
+    """
+
+    name: str
+    up: bool
+    last_success_ts: float | None
+    collect_seconds: float
+    rejected: Mapping[str, int] = field(default_factory=dict)
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A process that holds GPU memory, as the host sees it (psutil, ``/proc``).
+
+    Attributes:
+        pid: host PID (as NVML reports it).
+        resolved: False when the PID could not be looked up: gone before the look, or from
+            another PID namespace (an agent in a container without ``hostPID``); the owner
+            fields are then ``None`` and ``unresolved_reason`` says why.
+        start_time: process start (epoch seconds); with ``pid`` it identifies the process.
+        name, cmdline, username: ``psutil.Process`` name, command line (space-joined), user.
+        container_id: container id from ``/proc/<pid>/cgroup`` (docker, containerd, CRI-O);
+            ``None`` for a process outside containers.
+        rss_bytes: resident set size — a leak that keeps request objects alive grows it too.
+        cpu_seconds_total: user + system CPU time.
+    """
+
+    pid: int
+    resolved: bool
+    start_time: float | None = None
+    name: str | None = None
+    cmdline: str | None = None
+    username: str | None = None
+    container_id: str | None = None
+    rss_bytes: int | None = None
+    cpu_seconds_total: float | None = None
+    unresolved_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """The host at one tick (psutil).
+
+    Attributes:
+        cpu_ratio: share of all CPUs busy since the previous sample (0–1); ``None`` on the first.
+        memory_used_bytes: total − available (``psutil.virtual_memory``), i.e. memory that
+            cannot be reclaimed without swapping.
+        memory_total_bytes: physical memory.
+        load1, load5, load15: load averages (``os.getloadavg``).
+        processes: PID → ``ProcessInfo`` for every PID that holds GPU memory this tick.
+    """
+
+    ts: float
+    cpu_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    load1: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    processes: Mapping[int, ProcessInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    """What the NVML source returns for one tick."""
+
+    ts: float
+    samples: tuple[GpuSample, ...]
+    xid_events: tuple[XidEvent, ...] = ()
+    status: SourceStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +264,15 @@ class Snapshot:
         hostname: the host the agent runs for (its store identity).
         gpus: static facts, one per device found at the last (re)initialisation.
         samples: one ``GpuSample`` per device in ``gpus``, same order.
-        collect_seconds: wall time the NVML source spent on this tick.
+        xid_events: XID events received during this tick.
+        sources: self-metrics of each source for this tick.
+        host: the host sample (CPU, memory, GPU processes' owners), ``None`` when not taken.
     """
 
     ts: float
     hostname: str
     gpus: tuple[GpuIdentity, ...]
     samples: tuple[GpuSample, ...]
-    collect_seconds: float = 0.0
+    xid_events: tuple[XidEvent, ...] = ()
+    sources: tuple[SourceStatus, ...] = ()
+    host: HostSample | None = None

@@ -32,6 +32,8 @@ import gzip
 import io
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
 
@@ -150,6 +152,22 @@ class NvmlBackend(Protocol):
     def forget_device(self, index: int) -> None:
         """Drop the cached handle and GPM sample of a device (after a lifecycle error)."""
 
+    def xid_poll(self) -> list[dict[str, Any]]:
+        """XID events seen since the last poll: ``[{"index": i, "xid": code, "ts": epoch_s}]``.
+
+        Live: a waiter thread blocks in ``nvmlEventSetWait`` (registered for
+        ``nvmlEventTypeXidCriticalError`` on every device) and queues events; this drains the
+        queue without blocking. XIDs raised before registration are lost (NVML keeps none).
+        """
+
+    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+        """Latest ``nvmlDeviceGetPcieThroughput`` reading of a device, polled on its own thread.
+
+        The call blocks ~21 ms per direction (it samples a 20 ms window), so it never runs on the
+        sampling thread. Returns ``{"tx_KBps": x, "rx_KBps": y, "ts": epoch_s}`` (KB = 1000 bytes),
+        ``None`` before the first poll; raises ``NvmlCallError`` if the last poll failed.
+        """
+
 
 def to_plain(value: Any) -> Any:
     """Convert a pynvml answer into JSON-able plain data (struct → dict of its fields)."""
@@ -176,13 +194,28 @@ def to_plain(value: Any) -> Any:
 
 
 class LiveBackend:
-    """NVML through ``pynvml`` (nvidia-ml-py). One instance per process; not thread-safe:
-    the collector calls it from its one worker thread."""
+    """NVML through ``pynvml`` (nvidia-ml-py). One instance per process. The collector calls it
+    from its one worker thread; the XID waiter and the PCIe throughput poller are threads of
+    this backend (NVML itself is thread-safe).
 
-    def __init__(self, pynvml_module: Any = None) -> None:
+    Args:
+        pynvml_module: the ``pynvml`` module (imported on first use when ``None``).
+        pcie_poll_seconds: period of the ``nvmlDeviceGetPcieThroughput`` poller (non-GPM GPUs).
+    """
+
+    def __init__(self, pynvml_module: Any = None, *, pcie_poll_seconds: float = 5.0) -> None:
         self._nvml = pynvml_module
         self._handles: dict[int, Any] = {}
         self._gpm_prev: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._xid_queue: list[dict[str, Any]] = []
+        self._xid_thread: threading.Thread | None = None
+        self._xid_error: NvmlCallError | None = None
+        self._pcie_poll_seconds = pcie_poll_seconds
+        self._pcie_wanted: set[int] = set()
+        self._pcie_latest: dict[int, Any] = {}
+        self._pcie_thread: threading.Thread | None = None
 
     def _lib(self) -> Any:
         if self._nvml is None:
@@ -201,8 +234,14 @@ class LiveBackend:
     def init(self) -> None:
         nv = self._lib()
         self._wrap("nvmlInit", nv.nvmlInit)
+        self._stop.clear()
 
     def shutdown(self) -> None:
+        self._stop.set()
+        for thread in (self._xid_thread, self._pcie_thread):
+            if thread is not None:
+                thread.join(timeout=2.0)
+        self._xid_thread = self._pcie_thread = None
         for index in list(self._gpm_prev):
             self._free_gpm(index)
         self._handles.clear()
@@ -278,6 +317,89 @@ class LiveBackend:
     def forget_device(self, index: int) -> None:
         self._handles.pop(index, None)
         self._free_gpm(index)
+
+    # XID events ---------------------------------------------------------------------------------
+
+    def xid_poll(self) -> list[dict[str, Any]]:
+        if self._xid_thread is None:
+            self._start_xid_waiter()
+        if self._xid_error is not None:
+            raise self._xid_error
+        with self._lock:
+            events, self._xid_queue = self._xid_queue, []
+        return events
+
+    def _start_xid_waiter(self) -> None:
+        nv = self._lib()
+        event_set = self._wrap("nvmlEventSetCreate", nv.nvmlEventSetCreate)
+        count = self._wrap("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
+        by_address: dict[int | None, int] = {}
+        registered = 0
+        for index in range(count):
+            try:
+                handle = self._handle(index)
+                self._wrap(
+                    "nvmlDeviceRegisterEvents", nv.nvmlDeviceRegisterEvents, handle, nv.nvmlEventTypeXidCriticalError, event_set
+                )
+            except NvmlCallError:
+                continue  # not supported on this device (or it is down): others still report
+            by_address[ctypes.cast(handle, ctypes.c_void_p).value] = index
+            registered += 1
+        if not registered:
+            self._xid_error = NvmlCallError(NVML_ERROR_NOT_SUPPORTED, "nvmlDeviceRegisterEvents")
+            nv.nvmlEventSetFree(event_set)
+        self._xid_thread = threading.Thread(
+            target=self._xid_wait_loop, args=(event_set, by_address, registered > 0), name="vgpumon-xid", daemon=True
+        )
+        self._xid_thread.start()
+
+    def _xid_wait_loop(self, event_set: Any, by_address: dict[int | None, int], active: bool) -> None:
+        nv = self._lib()
+        while active and not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait_v2(event_set, 500)
+            except nv.NVMLError as exc:
+                if int(exc.value) != NVML_ERROR_TIMEOUT:
+                    self._stop.wait(1.0)  # a GPU went away mid-wait: retry, do not spin
+                continue
+            index = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value)
+            with self._lock:
+                self._xid_queue.append({"index": index, "xid": int(data.eventData), "ts": time.time()})
+        if active:
+            try:
+                nv.nvmlEventSetFree(event_set)
+            except Exception:  # noqa: BLE001 - shutting down
+                pass
+
+    # PCIe throughput (pre-Hopper path) ----------------------------------------------------------
+
+    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+        with self._lock:
+            self._pcie_wanted.add(index)
+            latest = self._pcie_latest.get(index)
+        if self._pcie_thread is None:
+            self._pcie_thread = threading.Thread(target=self._pcie_loop, name="vgpumon-pcie", daemon=True)
+            self._pcie_thread.start()
+        if isinstance(latest, NvmlCallError):
+            raise latest
+        return latest
+
+    def _pcie_loop(self) -> None:
+        nv = self._lib()
+        while not self._stop.is_set():
+            with self._lock:
+                wanted = sorted(self._pcie_wanted)
+            for index in wanted:
+                try:
+                    handle = self._handle(index)
+                    tx = self._wrap("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, 0)
+                    rx = self._wrap("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, 1)
+                    result: Any = {"tx_KBps": int(tx), "rx_KBps": int(rx), "ts": time.time()}
+                except NvmlCallError as exc:
+                    result = exc
+                with self._lock:
+                    self._pcie_latest[index] = result
+            self._stop.wait(self._pcie_poll_seconds)
 
 
 # --- capture file ---------------------------------------------------------------------------
@@ -366,8 +488,9 @@ class RecordingBackend:
         self._record("sys", "nvmlInit", (), {}, self._inner.init)
 
     def shutdown(self) -> None:
+        # The file stays open: a re-initialisation mid-run (driver reload) shuts NVML down and
+        # starts it again within one capture. ``close()`` ends the capture.
         self._inner.shutdown()
-        self.close()
 
     def close(self) -> None:
         """Write the pending tick and close the file (idempotent)."""
@@ -393,6 +516,12 @@ class RecordingBackend:
 
     def forget_device(self, index: int) -> None:
         self._inner.forget_device(index)
+
+    def xid_poll(self) -> list[dict[str, Any]]:
+        return self._record("sys", "xid_poll", (), {}, self._inner.xid_poll)
+
+    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+        return self._record(index, "pcie_throughput", (), {}, lambda: self._inner.pcie_throughput(index))
 
 
 def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -518,3 +647,9 @@ class ReplayBackend:
 
     def forget_device(self, index: int) -> None:
         pass
+
+    def xid_poll(self) -> list[dict[str, Any]]:
+        return list(self._answer("sys", "xid_poll", (), {}) or [])
+
+    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+        return self._answer(index, "pcie_throughput", (), {})

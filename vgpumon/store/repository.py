@@ -18,11 +18,19 @@ from vgpumon.store.schema import (
     SAMPLE_VALUE_COLUMNS,
     Base,
     Gpu,
+    GpuProcessSample,
     GpuSampleRow,
     Host,
+    HostSample,
+    Process,
+    XidEvent,
 )
 
 _SAMPLES = GpuSampleRow.__table__
+#: Tables a tick writes to, in foreign-key order. ``TickRows`` maps each name to its rows.
+TICK_TABLES = ("gpu_samples", "host_samples", "xid_events", "gpu_process_samples")
+TickRows = dict[str, list[dict[str, Any]]]
+_PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,13 @@ class Store:
                 raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
         self.engine = engine
         self._insert = _insert_ignoring_duplicates(engine, _SAMPLES)
+        self._inserts = {
+            "gpu_samples": self._insert,
+            "host_samples": _insert_ignoring_duplicates(engine, HostSample.__table__),
+            "xid_events": _insert_ignoring_duplicates(engine, XidEvent.__table__),
+            "gpu_process_samples": _insert_ignoring_duplicates(engine, GpuProcessSample.__table__),
+        }
+        self._process_ids: dict[tuple[int, int, float | None], int] = {}
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -138,11 +153,73 @@ class Store:
 
     def write_gpu_rows(self, rows: Sequence[dict[str, Any]]) -> None:
         """Write sample rows in one transaction; rows already stored are skipped."""
-        if not rows:
+        self.write_ticks([{"gpu_samples": list(rows)}])
+
+    def write_ticks(self, ticks: Sequence[TickRows]) -> None:
+        """Write the rows of whole ticks in one transaction; rows already stored are skipped.
+
+        Args:
+            ticks: per tick, table name (``TICK_TABLES``) → rows. ``gpu_process_samples`` rows
+                also carry the process identity (``host_id`` and ``_PROCESS_KEYS``); the
+                ``processes`` row is created on first sight and referenced by id.
+        """
+        merged: dict[str, list[dict[str, Any]]] = {t: [] for t in TICK_TABLES}
+        for tick in ticks:
+            for table, rows in tick.items():
+                merged[table].extend(rows)
+        if not any(merged.values()):
             return
         try:
             with self.engine.begin() as conn:
-                conn.execute(self._insert, list(rows))
+                if merged["gpu_process_samples"]:
+                    merged["gpu_process_samples"] = [self._with_process_id(conn, r) for r in merged["gpu_process_samples"]]
+                for table in TICK_TABLES:
+                    if merged[table]:
+                        conn.execute(self._inserts[table], merged[table])
+        except SQLAlchemyError as exc:
+            self._process_ids.clear()  # ids inserted by a rolled-back transaction are void
+            raise self._fail(exc) from None
+
+    def _with_process_id(self, conn: Any, row: dict[str, Any]) -> dict[str, Any]:
+        key = (row["host_id"], row["pid"], row["start_time"])
+        pid = self._process_ids.get(key)
+        if pid is None:
+            t = Process.__table__
+            cond = [t.c.host_id == row["host_id"], t.c.pid == row["pid"]]
+            cond.append(t.c.start_time.is_(None) if row["start_time"] is None else t.c.start_time == row["start_time"])
+            pid = conn.scalar(select(t.c.id).where(and_(*cond)))
+            if pid is None:
+                values = {k: row[k] for k in _PROCESS_KEYS}
+                pid = conn.execute(t.insert().values(host_id=row["host_id"], **values)).inserted_primary_key[0]
+            self._process_ids[key] = pid
+        return {
+            "gpu_id": row["gpu_id"],
+            "ts": row["ts"],
+            "process_id": pid,
+            "used_gpu_memory_bytes": row["used_gpu_memory_bytes"],
+            "rss_bytes": row["rss_bytes"],
+            "cpu_seconds_total": row["cpu_seconds_total"],
+        }
+
+    def host_id(self, hostname: str) -> int | None:
+        """``hosts.id`` of a host name, ``None`` if unknown."""
+        try:
+            with self.engine.connect() as conn:
+                return conn.scalar(select(Host.id).where(Host.hostname == hostname))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def xid_events(self, gpu_id: int, start: float, end: float) -> list[tuple[float, int]]:
+        """``(ts, xid)`` of a GPU's XID events in a window, oldest first."""
+        t = XidEvent.__table__
+        try:
+            with self.engine.connect() as conn:
+                return [
+                    (r[0], r[1])
+                    for r in conn.execute(
+                        select(t.c.ts, t.c.xid).where(and_(t.c.gpu_id == gpu_id, t.c.ts >= start, t.c.ts <= end)).order_by(t.c.ts)
+                    )
+                ]
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 

@@ -1,0 +1,131 @@
+"""The host source (psutil): CPU, memory, load, and the owners of GPU processes.
+
+NVML reports which PIDs hold GPU memory; this source says who they are (name, command line,
+user, start time, container) and how much host memory and CPU they use — a leak that keeps request
+objects alive shows in the process's RSS as well as in its GPU memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from vgpumon.model import HostSample, ProcessInfo
+
+# Container ids in cgroup paths: docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope,
+# /docker/<id>, /kubepods/.../<id> — all 64 hex digits.
+_CONTAINER_ID = re.compile(r"(?:docker-|cri-containerd-|crio-|containerd-|/docker/|/)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+
+
+def container_id_from_cgroup(text: str) -> str | None:
+    """Container id in the content of ``/proc/<pid>/cgroup`` (v1 or v2); ``None`` if none."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _CONTAINER_ID.search(path)
+        if m:
+            return m.group(1)
+    return None
+
+
+class HostSource:
+    """Samples the host with psutil.
+
+    Args:
+        psutil_module: the ``psutil`` module (tests may pass a stand-in at this process edge).
+        proc_root: where ``/proc`` is (the agent in a container may see the host's at
+            ``/host/proc``).
+    """
+
+    name = "host"
+
+    def __init__(self, psutil_module: Any = None, *, proc_root: str | Path = "/proc") -> None:
+        if psutil_module is None:
+            import psutil as psutil_module
+        self.psutil = psutil_module
+        self.proc_root = Path(proc_root)
+        self._static: dict[tuple[int, float], ProcessInfo] = {}
+        self._primed = False
+
+    def sample(self, ts: float, pids: Iterable[int] = ()) -> HostSample:
+        """Read the host and the given GPU-holding PIDs.
+
+        Returns:
+            ``HostSample``; values the platform cannot give are ``None``.
+        """
+        ps = self.psutil
+        cpu = ps.cpu_percent(interval=None)
+        cpu_ratio = cpu / 100.0 if self._primed else None  # the first call has no interval
+        self._primed = True
+        vm = ps.virtual_memory()
+        try:
+            load1, load5, load15 = os.getloadavg()
+        except OSError:
+            load1 = load5 = load15 = None  # type: ignore[assignment]
+        procs = {pid: self._process(pid) for pid in sorted(set(pids))}
+        live = {(p.pid, p.start_time) for p in procs.values() if p.resolved}
+        for key in [k for k in self._static if k not in live]:
+            del self._static[key]
+        return HostSample(
+            ts=ts,
+            cpu_ratio=cpu_ratio,
+            memory_used_bytes=int(vm.total - vm.available),
+            memory_total_bytes=int(vm.total),
+            load1=load1,
+            load5=load5,
+            load15=load15,
+            processes=procs,
+        )
+
+    def _process(self, pid: int) -> ProcessInfo:
+        ps = self.psutil
+        try:
+            proc = ps.Process(pid)
+            with proc.oneshot():
+                start = proc.create_time()
+                static = self._static.get((pid, start))
+                if static is None:
+                    static = self._describe(proc, pid, start)
+                    self._static[(pid, start)] = static
+                mem = proc.memory_info()
+                cpu = proc.cpu_times()
+            return ProcessInfo(
+                pid=pid,
+                resolved=True,
+                start_time=start,
+                name=static.name,
+                cmdline=static.cmdline,
+                username=static.username,
+                container_id=static.container_id,
+                rss_bytes=int(mem.rss),
+                cpu_seconds_total=float(cpu.user + cpu.system),
+            )
+        except ps.NoSuchProcess:
+            return ProcessInfo(pid=pid, resolved=False, unresolved_reason="no such process here (exited, or another PID namespace)")
+        except ps.AccessDenied:
+            return ProcessInfo(pid=pid, resolved=False, unresolved_reason="access denied")
+
+    def _describe(self, proc: Any, pid: int, start: float) -> ProcessInfo:
+        ps = self.psutil
+
+        def attempt(fn: Any) -> Any:
+            try:
+                return fn()
+            except ps.AccessDenied:
+                return None
+
+        cmdline = attempt(proc.cmdline)
+        try:
+            cgroup = (self.proc_root / str(pid) / "cgroup").read_text()
+        except OSError:
+            cgroup = ""
+        return ProcessInfo(
+            pid=pid,
+            resolved=True,
+            start_time=start,
+            name=attempt(proc.name),
+            cmdline=" ".join(cmdline) if cmdline else None,
+            username=attempt(proc.username),
+            container_id=container_id_from_cgroup(cgroup),
+        )
