@@ -1,0 +1,170 @@
+"""Cost of one fast-set sample of one GPU, side by side in one run.
+
+Compares, on the same GPU(s) and in the same process where possible:
+
+* vgpumon's collector (``NvmlSource.sample`` with the slow set disabled), GPM path;
+* the same collector on the pre-Hopper path (``use_gpm=False``): its fast set must stay free of
+  the 21 ms ``nvmlDeviceGetPcieThroughput`` call, which runs on a poller thread;
+* bare pynvml doing the same calls (the floor);
+* ``nvidia-smi --query-gpu`` for the same fields (whole process);
+* nvitop ``Device.as_snapshot()``;
+* gpustat ``new_query()`` — in its own process, last (it patches pynvml at import).
+
+Usage: python3 bench/nvml_cost.py [--ticks 2000] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SMI_FIELDS = (
+    "memory.used,memory.reserved,memory.total,utilization.gpu,utilization.memory,temperature.gpu,power.draw,"
+    "clocks.sm,clocks.mem,clocks_event_reasons.active,pstate,fan.speed,pcie.link.gen.current,pcie.link.width.current"
+)
+
+
+def summary(samples_s: list[float], per: int = 1) -> dict[str, float]:
+    xs = sorted(x / per for x in samples_s)
+    return {
+        "median_ms": statistics.median(xs) * 1e3,
+        "p90_ms": xs[int(len(xs) * 0.9)] * 1e3,
+        "max_ms": xs[-1] * 1e3,
+        "n": len(xs),
+    }
+
+
+def time_collector(ticks: int, use_gpm: bool) -> dict[str, float]:
+    from vgpumon.sources.nvml import NvmlSource
+
+    src = NvmlSource(slow_every=10**9, use_gpm=use_gpm)
+    gpus = src.start()
+    src.sample()  # tick 0 carries the slow set; also primes GPM and starts the XID waiter
+    src.sample()
+    out = []
+    for _ in range(ticks):
+        t0 = time.perf_counter()
+        src.sample()
+        out.append(time.perf_counter() - t0)
+        time.sleep(0.002)
+    src.close()
+    return summary(out, max(len(gpus), 1))
+
+
+def time_bare_pynvml(ticks: int) -> dict[str, float]:
+    import pynvml as nv
+
+    nv.nvmlInit()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    metric_ids = (2, 3, 5, 10, 20, 21)
+    prev = {}
+    for i, h in enumerate(handles):
+        prev[i] = nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc())
+
+    def one(i: int, h) -> None:
+        s = nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc())
+        req = nv.c_nvmlGpmMetricsGet_t()
+        req.version = nv.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(metric_ids)
+        req.sample1, req.sample2 = prev[i], s
+        for k, m in enumerate(metric_ids):
+            req.metrics[k].metricId = m
+        nv.nvmlGpmMetricsGet(req)
+        nv.nvmlGpmSampleFree(prev[i])
+        prev[i] = s
+        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        nv.nvmlDeviceGetUtilizationRates(h)
+        nv.nvmlDeviceGetTemperature(h, 0)
+        nv.nvmlDeviceGetPowerUsage(h)
+        nv.nvmlDeviceGetClockInfo(h, 1)
+        nv.nvmlDeviceGetClockInfo(h, 2)
+        nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+        nv.nvmlDeviceGetPerformanceState(h)
+        nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
+        nv.nvmlDeviceGetCurrPcieLinkWidth(h)
+        nv.nvmlDeviceGetComputeRunningProcesses(h)
+
+    out = []
+    for _ in range(ticks):
+        t0 = time.perf_counter()
+        for i, h in enumerate(handles):
+            one(i, h)
+        out.append(time.perf_counter() - t0)
+        time.sleep(0.002)
+    nv.nvmlShutdown()
+    return summary(out, len(handles))
+
+
+def time_nvidia_smi(runs: int) -> dict[str, float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"], check=True, capture_output=True)
+        out.append(time.perf_counter() - t0)
+    return summary(out, 1)  # one process answers for every GPU; per-GPU cost is at most this
+
+
+def time_nvitop(runs: int) -> dict[str, float] | str:
+    try:
+        from nvitop import Device
+    except ImportError as exc:
+        return f"not installed: {exc}"
+    devices = Device.all()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for d in devices:
+            d.as_snapshot()
+        out.append(time.perf_counter() - t0)
+    return summary(out, len(devices))
+
+
+GPUSTAT = """
+import json, statistics, time, gpustat
+out = []
+for _ in range({runs}):
+    t0 = time.perf_counter(); q = gpustat.new_query(); out.append((time.perf_counter() - t0) / len(q.gpus))
+out.sort()
+print(json.dumps({{"median_ms": statistics.median(out) * 1e3, "p90_ms": out[int(len(out) * .9)] * 1e3, "max_ms": out[-1] * 1e3, "n": len(out)}}))
+"""
+
+
+def time_gpustat(runs: int) -> dict[str, float] | str:
+    p = subprocess.run([sys.executable, "-c", GPUSTAT.format(runs=runs)], capture_output=True, text=True)
+    return json.loads(p.stdout) if p.returncode == 0 else f"failed: {p.stderr.strip().splitlines()[-1:]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ticks", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=50, help="runs of the whole-process tools")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    results = {
+        "vgpumon fast set (GPM)": time_collector(args.ticks, True),
+        "vgpumon fast set (no GPM)": time_collector(args.ticks, False),
+        "bare pynvml, same calls": time_bare_pynvml(args.ticks),
+        "nvidia-smi --query-gpu": time_nvidia_smi(args.runs),
+        "nvitop Device.as_snapshot()": time_nvitop(args.runs * 4),
+        "gpustat new_query()": time_gpustat(args.runs * 4),
+    }
+    ours = results["vgpumon fast set (GPM)"]["median_ms"]
+    print(f"{'per GPU, one sample':<32} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'× vgpumon':>10}")
+    for name, r in results.items():
+        if isinstance(r, str):
+            print(f"{name:<32} {r}")
+            continue
+        print(f"{name:<32} {r['median_ms']:>10.3f} {r['p90_ms']:>8.3f} {r['max_ms']:>8.3f} {r['median_ms'] / ours:>10.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

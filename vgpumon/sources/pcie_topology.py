@@ -1,0 +1,169 @@
+"""Host-side PCIe topology from sysfs: the chain of ports above each GPU and who shares them.
+
+NVML gives a GPU's own link (``nvmlDeviceGetCurrPcieLinkGeneration`` …) but not the switch and root
+ports above it, whose upstream links the GPUs below share: eight cards behind two x16 switch
+uplinks have a quarter of the host bandwidth that eight cards on their own root ports have.
+sysfs has both: ``/sys/bus/pci/devices/<bdf>`` links to the device's path under ``/sys/devices/``
+(its parent directories are the bridges above it), and every PCIe function has
+``current_link_speed``, ``current_link_width``, ``max_link_speed``, ``max_link_width``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from vgpumon.model import GpuIdentity
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# sysfs link speed (GT/s) → PCIe generation
+_GT_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+@dataclass(frozen=True, slots=True)
+class PcieHop:
+    """One PCI function on the path from a GPU to the host.
+
+    Attributes:
+        bdf: ``domain:bus:device.function`` as sysfs writes it (``0000:18:00.0``), or
+            ``pci0000:00`` for a host bridge (root complex), which has no link of its own.
+        kind: ``gpu``, ``bridge`` (a switch port or any bridge between GPU and root port),
+            ``root`` (the root port: first function below the host bridge) or ``host_bridge``.
+        parent_bdf: the hop above; ``None`` for a host bridge.
+        link_gen_current, link_width_current: the link as trained now (idle links
+            down-train; compare under load).
+        link_gen_max, link_width_max: what the function supports.
+        uuid: the GPU's UUID for ``kind == "gpu"``.
+    """
+
+    bdf: str
+    kind: str
+    parent_bdf: str | None
+    link_gen_current: int | None = None
+    link_width_current: int | None = None
+    link_gen_max: int | None = None
+    link_width_max: int | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieTopology:
+    """The PCIe tree above the host's GPUs (only hops that lead to a GPU)."""
+
+    hops: tuple[PcieHop, ...]
+
+    def hop(self, bdf: str) -> PcieHop | None:
+        """The hop with this address, or ``None``."""
+        return next((h for h in self.hops if h.bdf == bdf), None)
+
+    def path(self, uuid: str) -> list[PcieHop]:
+        """Hops from the GPU with this UUID up to its host bridge (GPU first); empty if unknown."""
+        by_bdf = {h.bdf: h for h in self.hops}
+        gpu = next((h for h in self.hops if h.uuid == uuid), None)
+        out = []
+        while gpu is not None:
+            out.append(gpu)
+            gpu = by_bdf.get(gpu.parent_bdf) if gpu.parent_bdf else None
+        return out
+
+    def gpus_below(self, bdf: str) -> list[str]:
+        """UUIDs of the GPUs whose path passes through ``bdf``."""
+        return [h.uuid for h in self.hops if h.kind == "gpu" and h.uuid and any(p.bdf == bdf for p in self.path(h.uuid)[1:])]
+
+    def shared(self) -> dict[str, list[str]]:
+        """Upstream hops (bridges, root ports, host bridges) above two or more GPUs → those GPUs."""
+        out = {}
+        for h in self.hops:
+            if h.kind != "gpu":
+                below = self.gpus_below(h.bdf)
+                if len(below) >= 2:
+                    out[h.bdf] = below
+        return out
+
+
+def nvml_bus_id_to_bdf(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` (8-digit domain) → sysfs ``0000:18:00.0``."""
+    domain, rest = bus_id.strip().lower().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _gen(speed: str | None) -> int | None:
+    """``"32.0 GT/s PCIe"`` → 5; ``None`` for unknown or ``"Unknown"``."""
+    if not speed:
+        return None
+    m = re.match(r"([\d.]+)\s*GT/s", speed)
+    return _GT_TO_GEN.get(float(m.group(1))) if m else None
+
+
+def _width(text: str | None) -> int | None:
+    try:
+        width = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return width if width and width > 0 else None  # 0 / 255 mean "no link"
+
+
+def read_topology(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> PcieTopology:
+    """Read the PCIe path of each GPU from sysfs.
+
+    Args:
+        gpus: the GPUs (their ``pci_bus_id`` locates them; GPUs without one are skipped).
+        sysfs_root: where sysfs is mounted (``/sys``; a copy of it in tests).
+
+    Returns:
+        The hops above the GPUs, each once, GPUs first. A GPU whose sysfs entry is missing (the
+        agent in a container without ``/sys``) appears alone, with no parent.
+    """
+    root = Path(sysfs_root)
+    hops: dict[str, PcieHop] = {}
+    for gpu in gpus:
+        if not gpu.pci_bus_id:
+            continue
+        bdf = nvml_bus_id_to_bdf(gpu.pci_bus_id)
+        link = root / "bus" / "pci" / "devices" / bdf
+        if not link.exists():
+            hops.setdefault(bdf, PcieHop(bdf=bdf, kind="gpu", parent_bdf=None, uuid=gpu.uuid))
+            continue
+        real = Path(os.path.realpath(link))
+        parts = real.parts
+        # .../devices/pci0000:00/0000:00:01.0/0000:01:00.0/.../<bdf>
+        try:
+            start = next(i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p)
+        except StopIteration:
+            hops.setdefault(bdf, PcieHop(bdf=bdf, kind="gpu", parent_bdf=None, uuid=gpu.uuid))
+            continue
+        cur = Path(*parts[: start + 1])
+        chain = [(parts[start], cur)]
+        for part in parts[start + 1 :]:
+            cur = cur / part
+            if _BDF.match(part):
+                chain.append((part, cur))
+        for depth, (name, here) in enumerate(chain):
+            if name in hops:
+                continue
+            if depth == 0:
+                hops[name] = PcieHop(bdf=name, kind="host_bridge", parent_bdf=None)
+                continue
+            kind = "gpu" if depth == len(chain) - 1 else ("root" if depth == 1 else "bridge")
+            hops[name] = PcieHop(
+                bdf=name,
+                kind=kind,
+                parent_bdf=chain[depth - 1][0],
+                link_gen_current=_gen(_read(here / "current_link_speed")),
+                link_width_current=_width(_read(here / "current_link_width")),
+                link_gen_max=_gen(_read(here / "max_link_speed")),
+                link_width_max=_width(_read(here / "max_link_width")),
+                uuid=gpu.uuid if kind == "gpu" else None,
+            )
+    order = {"gpu": 0, "bridge": 1, "root": 2, "host_bridge": 3}
+    return PcieTopology(tuple(sorted(hops.values(), key=lambda h: (order[h.kind], h.bdf))))

@@ -1,0 +1,74 @@
+"""Record and re-create the sysfs entries that PCIe topology reading uses.
+
+``snapshot(gpus)`` keeps, for each GPU, the ``/sys/bus/pci/devices/<bdf>`` link target and the
+link files of every function on its path; ``materialize(snapshot, dest)`` lays them out again
+under ``dest`` so ``read_topology(gpus, dest)`` reads them as it reads ``/sys``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from vgpumon.model import GpuIdentity
+from vgpumon.sources.pcie_topology import nvml_bus_id_to_bdf
+
+LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+
+
+def snapshot(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> dict[str, Any]:
+    """The sysfs facts above each GPU as plain data (see module docstring)."""
+    root = Path(sysfs_root)
+    links: dict[str, str] = {}
+    files: dict[str, str] = {}
+    for g in gpus:
+        if not g.pci_bus_id:
+            continue
+        bdf = nvml_bus_id_to_bdf(g.pci_bus_id)
+        link = root / "bus" / "pci" / "devices" / bdf
+        if not link.exists():
+            continue
+        real = Path(os.path.realpath(link)).relative_to(root.resolve())
+        links[bdf] = str(real)
+        cur = root
+        for part in real.parts:
+            cur = cur / part
+            for name in LINK_FILES:
+                try:
+                    files[str((cur / name).relative_to(root))] = (cur / name).read_text().strip()
+                except OSError:
+                    pass
+    return {"links": links, "files": files}
+
+
+def materialize(snap: dict[str, Any], dest: str | Path) -> Path:
+    """Lay a snapshot out under ``dest`` (created); returns ``dest``."""
+    dest = Path(dest)
+    for rel, text in snap["files"].items():
+        p = dest / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text + "\n")
+    devices = dest / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True, exist_ok=True)
+    for bdf, target in snap["links"].items():
+        (dest / target).mkdir(parents=True, exist_ok=True)
+        (devices / bdf).symlink_to(os.path.relpath(dest / target, devices))
+    return dest
+
+
+def main() -> None:  # pragma: no cover - run on a GPU host to record a fixture
+    """``python -m vgpumon.testing.sysfs OUT.json``: snapshot this host's GPUs."""
+    import sys
+
+    from vgpumon.sources.nvml import NvmlSource
+
+    src = NvmlSource()
+    gpus = src.start()
+    Path(sys.argv[1]).write_text(json.dumps(snapshot(gpus), indent=1, sort_keys=True))
+    src.close()
+
+
+if __name__ == "__main__":
+    main()
