@@ -101,7 +101,9 @@ def agent(
     ] = None,
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
     hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
-    slow_every: Annotated[int, typer.Option(min=1, help="Read ECC counters and energy every N ticks.")] = 10,
+    slow_every: Annotated[
+        Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks [default: 10, or the capture's].")
+    ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
@@ -120,6 +122,8 @@ def agent(
     from vgpumon.store import open_store
 
     backend = ReplayBackend(replay) if replay else None
+    if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
+        slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
     source = NvmlSource(backend, slow_every=slow_every, use_gpm=not no_gpm)
     url = db or default_db_url()
     try:

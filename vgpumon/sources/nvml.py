@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from vgpumon.errors import NvmlUnavailableError
@@ -351,7 +352,7 @@ class NvmlSource:
                 self._down[gpu.index] = (exc.error.reason, failures, tick + self._backoff(failures))
                 samples.append(self._down_sample(gpu, ts, f"device down: {exc.error.reason}"))
         xids = self._poll_xids() if self._lib_down is None else ()
-        if xids:
+        if self._xid_counts:  # counts stay on every later sample, not only the event's tick
             samples = [self._with_xids(s) for s in samples]
         if self._lib_down is None:
             self.last_success_ts = ts
@@ -405,8 +406,6 @@ class NvmlSource:
         return tuple(events)
 
     def _with_xids(self, s: GpuSample) -> GpuSample:
-        from dataclasses import replace
-
         counts = self._xid_counts.get(s.uuid)
         if not counts:
             return s

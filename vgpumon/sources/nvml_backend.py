@@ -169,6 +169,9 @@ class NvmlBackend(Protocol):
         """
 
 
+_PLAIN = frozenset({bool, int, float, str})
+
+
 def to_plain(value: Any) -> Any:
     """Convert a pynvml answer into JSON-able plain data (struct → dict of its fields)."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -268,51 +271,64 @@ class LiveBackend:
         return handle
 
     def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
-        call = getattr(self._lib(), fn, None)
+        nv = self._lib()
+        call = getattr(nv, fn, None)
         if call is None:  # this nvidia-ml-py has no binding for it
             raise NvmlCallError(NVML_ERROR_FUNCTION_NOT_FOUND, fn)
-        return to_plain(self._wrap(fn, call, self._handle(index), *args, **kwargs))
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handle(index)
+        try:
+            value = call(handle, *args, **kwargs)
+        except nv.NVMLError as exc:
+            raise NvmlCallError(int(exc.value), fn) from None
+        if value is None or value.__class__ in _PLAIN:
+            return value
+        return to_plain(value)
 
     def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        # Two sample buffers and one request per device, allocated once and reused: the
+        # buffers alternate as "previous" and "current", so a tick costs one nvmlGpmSampleGet
+        # and one nvmlGpmMetricsGet (no alloc/free pair per tick).
         nv = self._lib()
         handle = self._handle(index)
-        sample = self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
-        try:
-            self._wrap("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, handle, sample)
-        except NvmlCallError:
-            nv.nvmlGpmSampleFree(sample)
-            raise
-        prev = self._gpm_prev.get(index)
-        self._gpm_prev[index] = sample
-        if prev is None:
-            return None
-        try:
+        state = self._gpm_prev.get(index)
+        if state is None or state["ids"] != tuple(metric_ids):
+            self._free_gpm(index)
+            bufs = [self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc) for _ in range(2)]
             req = nv.c_nvmlGpmMetricsGet_t()
             req.version = nv.NVML_GPM_METRICS_GET_VERSION
             req.numMetrics = len(metric_ids)
-            req.sample1 = prev
-            req.sample2 = sample
             for i, metric_id in enumerate(metric_ids):
                 req.metrics[i].metricId = metric_id
-            self._wrap("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, req)
-            out: dict[int, Any] = {}
-            for i, metric_id in enumerate(metric_ids):
-                m = req.metrics[i]
-                if m.nvmlReturn != 0:
-                    out[metric_id] = NvmlCallError(int(m.nvmlReturn), "nvmlGpmMetricsGet")
-                else:
-                    out[metric_id] = float(m.value)
-            return out
-        finally:
-            nv.nvmlGpmSampleFree(prev)
+            state = {"ids": tuple(metric_ids), "bufs": bufs, "cur": 0, "have_prev": False, "req": req}
+            self._gpm_prev[index] = state
+        cur = state["cur"]
+        self._wrap("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, handle, state["bufs"][cur])
+        state["cur"] = 1 - cur
+        if not state["have_prev"]:
+            state["have_prev"] = True
+            return None
+        req = state["req"]
+        req.sample1 = state["bufs"][1 - cur]
+        req.sample2 = state["bufs"][cur]
+        self._wrap("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, req)
+        out: dict[int, Any] = {}
+        metrics = req.metrics
+        for i, metric_id in enumerate(state["ids"]):
+            m = metrics[i]
+            ret = m.nvmlReturn
+            out[metric_id] = float(m.value) if ret == 0 else NvmlCallError(int(ret), "nvmlGpmMetricsGet")
+        return out
 
     def _free_gpm(self, index: int) -> None:
-        sample = self._gpm_prev.pop(index, None)
-        if sample is not None:
-            try:
-                self._lib().nvmlGpmSampleFree(sample)
-            except Exception:  # noqa: BLE001 - a lost device may refuse; nothing to do
-                pass
+        state = self._gpm_prev.pop(index, None)
+        if state is not None:
+            for buf in state["bufs"]:
+                try:
+                    self._lib().nvmlGpmSampleFree(buf)
+                except Exception:  # noqa: BLE001 - a lost device may refuse; nothing to do
+                    pass
 
     def forget_device(self, index: int) -> None:
         self._handles.pop(index, None)

@@ -8,6 +8,10 @@ of the transformations below, so every value a test sees was once answered by a 
   capture).
 * ``fail_call(fn, code, from_tick, devices)`` — from tick ``from_tick`` on, ``fn`` answers the NVML
   error ``code`` on ``devices`` (a lost GPU: ``fail_call("*", NVML_ERROR_GPU_IS_LOST, ...)``).
+* ``set_call(scope, fn, outcome, ticks=...)`` — the call answers ``outcome`` (``{"v": value}``
+  or ``{"e": code}``) in the given ticks, replacing the recorded answer or adding one; for
+  values seen in the wild on other boards (utilization 4294967295, a counter reset by a driver
+  reload, XID 79, MIG mode), injected into real ticks.
 """
 
 from __future__ import annotations
@@ -68,11 +72,41 @@ def fail_call(
         active = tick["tick"] >= from_tick and (until_tick is None or tick["tick"] < until_tick)
         calls = []
         for scope, f, args, kwargs, outcome in tick["calls"]:
-            if active and scope != "sys" and (fn in ("*", f)) and (devs is None or scope in devs):
+            device_match = scope != "sys" and fn == "*" and (devs is None or scope in devs)
+            named_match = f == fn and (scope == "sys" or devs is None or scope in devs)
+            if active and (device_match or named_match):
                 outcome = {"e": code}
             calls.append([scope, f, args, kwargs, outcome])
         out.append({**tick, "calls": calls})
     return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, out
+
+
+def set_call(
+    header: dict[str, Any],
+    ticks: Ticks,
+    scope: Any,
+    fn: str,
+    outcome: dict[str, Any],
+    *,
+    at: Iterable[int],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Ticks]:
+    """Make call ``(scope, fn, args, kwargs)`` answer ``outcome`` in ticks ``at`` (``-1`` is the
+    init block); the recorded answer is replaced, or the answer added if the tick had none."""
+    wanted = set(at)
+    kwargs = kwargs or {}
+    out = []
+    for tick in ticks:
+        calls = [list(c) for c in tick["calls"]]
+        if tick["tick"] in wanted:
+            hits = [c for c in calls if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs]
+            for c in hits:
+                c[4] = copy.deepcopy(outcome)
+            if not hits:
+                calls.append([scope, fn, list(args), dict(kwargs), copy.deepcopy(outcome)])
+        out.append({**tick, "calls": calls})
+    return {**header, "derived": f"{header.get('derived', '')} set_call({scope}, {fn})".strip()}, out
 
 
 def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBackend:

@@ -1,0 +1,167 @@
+"""Failure classes of the NVML source, each on a scenario derived from a real H200 capture.
+
+Every scenario names its transformation (``vgpumon.testing.scenarios``); none of them may stop
+the agent or store a number that is not a reading.
+"""
+
+from __future__ import annotations
+
+from conftest import DATA, H200_CAPTURE, replay_into
+
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_SUPPORTED,
+    EndOfCapture,
+    RecordingBackend,
+    read_capture,
+)
+from vgpumon.testing import scenarios
+
+IDLE_FULL = DATA / "h200-idle-full.jsonl.gz"  # recorded with --slow-every 2
+
+
+def run(header, ticks, **kw):
+    src = NvmlSource(scenarios.backend(header, ticks), **kw)
+    src.start()
+    out = []
+    while True:
+        try:
+            out.append(src.sample())
+        except EndOfCapture:
+            return src, out
+
+
+def test_field_not_supported_is_none_and_not_asked_again(tmp_path):
+    header, ticks = scenarios.fail_call(*read_capture(H200_CAPTURE), "nvmlDeviceGetPowerUsage", NVML_ERROR_NOT_SUPPORTED)
+    rec = RecordingBackend(scenarios.backend(header, ticks), tmp_path / "calls.jsonl")
+    src = NvmlSource(rec)
+    src.start()
+    samples = []
+    while True:
+        try:
+            samples.append(src.sample().samples[0])
+        except EndOfCapture:
+            break
+    rec.close()
+    assert all(s.power_watts is None and s.missing["power_watts"] == "not supported" for s in samples)
+    assert all(s.temperature_celsius is not None for s in samples)
+    asked = (tmp_path / "calls.jsonl").read_text().count('"nvmlDeviceGetPowerUsage"')
+    assert asked == 1, "an unsupported field must be remembered, not asked every tick"
+
+
+def test_function_not_found_on_old_driver_falls_back_to_memory_v1():
+    header, ticks = scenarios.fail_call(
+        *read_capture(H200_CAPTURE), "nvmlDeviceGetMemoryInfo", NVML_ERROR_FUNCTION_NOT_FOUND, from_tick=0
+    )
+    _, readings = run(header, ticks)
+    s = readings[30].samples[0]
+    # v1 "used" (from the recorded v1 answer) includes the ~615 MiB the driver reserves
+    assert s.memory_used_bytes == 644939776 and s.memory_total_bytes == 150754820096
+    assert s.memory_reserved_bytes is None and s.missing["memory_reserved_bytes"] == "memory v2 not available"
+
+
+def test_no_permission_degrades_one_field():
+    header, ticks = scenarios.fail_call(*read_capture(IDLE_FULL), "nvmlDeviceGetTotalEnergyConsumption", NVML_ERROR_NO_PERMISSION)
+    _, readings = run(header, ticks, slow_every=2)
+    slow = readings[2].samples[0]
+    assert slow.energy_joules_total is None and slow.missing["energy_joules_total"] == "no permission"
+    assert slow.ecc_uncorrected_volatile_total == 0 and slow.remapped_rows_pending is False
+
+
+def test_library_mismatch_at_start_is_retried_and_recovers():
+    """nvmlInit answers LIB_RM_VERSION_MISMATCH at start and until tick 5 (driver upgraded, not
+    yet reloaded): the source does not exit, reports NVML down with the reason, re-initialises
+    with back-off (ticks 1, 3, 7) and reads the GPU from tick 7 on."""
+    header, ticks = read_capture(H200_CAPTURE)
+    header, ticks = scenarios.set_call(header, ticks, "sys", "nvmlInit", {"e": NVML_ERROR_LIB_RM_VERSION_MISMATCH}, at=[-1])
+    header, ticks = scenarios.set_call(header, ticks, "sys", "nvmlInit", {"v": None}, at=range(5, 200))
+    src = NvmlSource(scenarios.backend(header, ticks))
+    assert src.start() == ()
+    readings = [src.sample() for _ in range(12)]
+    assert [r.status.up for r in readings] == [False] * 7 + [True] * 5
+    assert "version mismatch" in readings[0].status.message and "reload" in readings[0].status.message
+    assert readings[7].samples[0].up and readings[7].samples[0].power_watts > 0
+
+
+def test_library_mismatch_mid_run_marks_host_down_then_recovers(db_url, store_of):
+    header, ticks = read_capture(H200_CAPTURE)
+    header, ticks = scenarios.fail_call(header, ticks, "*", NVML_ERROR_LIB_RM_VERSION_MISMATCH, from_tick=20, until_tick=26)
+    header, ticks = scenarios.fail_call(header, ticks, "nvmlInit", NVML_ERROR_LIB_RM_VERSION_MISMATCH, from_tick=20, until_tick=26)
+    agent = replay_into(db_url, scenarios.backend(header, ticks))
+    (gpu,) = store_of(db_url).gpus_of("h200-replay")
+    rows = store_of(db_url).series(gpu.id, 0, 2e9, ("up", "power_watts"))
+    assert len(rows) == agent.stats.ticks  # every tick stored, the down ones too
+    down = [i for i, r in enumerate(rows) if not r["up"]]
+    assert down[0] == 20 and 26 <= down[-1] + 1 <= 20 + 1 + 2 + 4 + 8  # back within the back-off
+    assert all(r["power_watts"] is None for r in rows if not r["up"])
+    assert rows[-1]["up"]
+
+
+def test_impossible_values_are_rejected_counted_and_never_stored(db_url, store_of):
+    header, ticks = read_capture(H200_CAPTURE)
+    header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetUtilizationRates", {"v": {"gpu": 4294967295, "memory": 0}}, at=[10, 11, 12])
+    header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetTemperature", {"v": 644245923}, at=[15], args=[0])
+    gpm = {"v": {"2": 150.0, "3": -1.0, "5": 0.0, "10": 0.0, "20": 0.5, "21": 0.5}}
+    header, ticks = scenarios.set_call(header, ticks, 0, "gpm", gpm, at=[20], args=[[2, 3, 5, 10, 20, 21]])
+    agent = replay_into(db_url, scenarios.backend(header, ticks))
+    assert agent.source.rejected == {"utilization_gpu_ratio": 3, "temperature_celsius": 1, "sm_active_ratio": 1, "sm_occupancy_ratio": 1}
+    (gpu,) = store_of(db_url).gpus_of("h200-replay")
+    rows = store_of(db_url).series(gpu.id, 0, 2e9, ("utilization_gpu_ratio", "temperature_celsius", "sm_active_ratio", "sm_occupancy_ratio"))
+    assert [rows[i]["utilization_gpu_ratio"] for i in (10, 11, 12)] == [None] * 3
+    assert rows[15]["temperature_celsius"] is None and rows[16]["temperature_celsius"] is not None
+    assert rows[20]["sm_active_ratio"] is None and rows[20]["sm_occupancy_ratio"] is None
+    assert max(r["utilization_gpu_ratio"] or 0 for r in rows) <= 1.0
+
+
+def test_counter_reset_gives_no_negative_rate():
+    """The PCIe replay counter restarts (driver reload) between two slow reads: the rate is
+    ``None`` with reason "counter reset" for that interval, never negative."""
+    header, ticks = read_capture(IDLE_FULL)
+    for tick, value in ((0, 100), (2, 110), (4, 3), (6, 13)):
+        header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetPcieReplayCounter", {"v": value}, at=[tick])
+    _, readings = run(header, ticks, slow_every=2)
+    rates = [readings[i].samples[0].pcie_replay_rate_per_second for i in (0, 2, 4, 6)]
+    assert rates[0] is None and rates[2] is None
+    assert readings[4].samples[0].missing["pcie_replay_rate_per_second"] == "counter reset"
+    assert abs(rates[1] - 10 / 2.0) < 0.1 and abs(rates[3] - 10 / 2.0) < 0.1  # ticks 2 s apart
+
+
+def test_mig_enabled_utilization_is_none_not_zero():
+    header, ticks = read_capture(IDLE_FULL)
+    header, ticks = scenarios.fail_call(header, ticks, "nvmlDeviceGetUtilizationRates", NVML_ERROR_NOT_SUPPORTED)
+    header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetMigMode", {"v": [1, 1]}, at=range(0, 100, 2))
+    _, readings = run(header, ticks, slow_every=2)
+    s = readings[2].samples[0]
+    assert s.mig_mode == 1
+    assert s.utilization_gpu_ratio is None and s.utilization_memory_ratio is None
+    assert s.missing["utilization_gpu_ratio"] == "not supported"
+
+
+def test_garbage_pids_are_reported_not_stored_as_processes():
+    header, ticks = read_capture(H200_CAPTURE)
+    garbage = {"v": [{"pid": 0, "usedGpuMemory": 1 << 30}, {"pid": 4294967295, "usedGpuMemory": 0}] * 2}
+    header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetComputeRunningProcesses", garbage, at=[30])
+    src, readings = run(header, ticks)
+    s = readings[30].samples[0]
+    assert s.processes == () and "garbage PIDs" in s.missing["processes"]
+    assert src.rejected["processes"] == 1
+    assert readings[31].samples[0].processes  # the real torch process is back next tick
+
+
+def test_xid_events_are_kept_per_code_and_stored(db_url, store_of):
+    header, ticks = read_capture(H200_CAPTURE)
+    t5, t6 = ticks[6]["ts"], ticks[7]["ts"]
+    header, ticks = scenarios.set_call(header, ticks, "sys", "xid_poll", {"v": [{"index": 0, "xid": 79, "ts": t5}]}, at=[5])
+    two = [{"index": 0, "xid": 79, "ts": t6}, {"index": 0, "xid": 48, "ts": t6 + 0.01}]
+    header, ticks = scenarios.set_call(header, ticks, "sys", "xid_poll", {"v": two}, at=[6])
+    agent = replay_into(db_url, scenarios.backend(header, ticks))
+    last = agent.latest.samples[0]
+    assert last.xid_counts == {79: 2, 48: 1}  # repeats stay visible: no "last XID" gauge
+    assert last.xid_last_seen[48] == t6 + 0.01
+    store = store_of(db_url)
+    (gpu,) = store.gpus_of("h200-replay")
+    stored = store.xid_events(gpu.id, 0, 2e9)  # times kept to the millisecond
+    assert [(round(ts, 3), xid) for ts, xid in stored] == [(round(t5, 3), 79), (round(t6, 3), 79), (round(t6 + 0.01, 3), 48)]
