@@ -41,7 +41,7 @@ def summary(samples_s: list[float], per: int = 1) -> dict[str, float]:
     }
 
 
-def time_collector(ticks: int, use_gpm: bool) -> dict[str, float]:
+def time_collector(ticks: int, use_gpm: bool, profile: bool = False) -> dict[str, float]:
     from vgpumon.sources.nvml import NvmlSource
 
     src = NvmlSource(slow_every=10**9, use_gpm=use_gpm)
@@ -54,6 +54,16 @@ def time_collector(ticks: int, use_gpm: bool) -> dict[str, float]:
         src.sample()
         out.append(time.perf_counter() - t0)
         time.sleep(0.002)
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            src.sample()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
     src.close()
     return summary(out, max(len(gpus), 1))
 
@@ -146,9 +156,10 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=50, help="runs of the whole-process tools")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of 500 collector ticks (GPM path)")
     args = ap.parse_args()
     results = {
-        "vgpumon fast set (GPM)": time_collector(args.ticks, True),
+        "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
         "vgpumon fast set (no GPM)": time_collector(args.ticks, False),
         "bare pynvml, same calls": time_bare_pynvml(args.ticks),
         "nvidia-smi --query-gpu": time_nvidia_smi(args.runs),

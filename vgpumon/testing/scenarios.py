@@ -8,6 +8,8 @@ of the transformations below, so every value a test sees was once answered by a 
   capture).
 * ``fail_call(fn, code, from_tick, devices)`` — from tick ``from_tick`` on, ``fn`` answers the NVML
   error ``code`` on ``devices`` (a lost GPU: ``fail_call("*", NVML_ERROR_GPU_IS_LOST, ...)``).
+* ``repeat(times)`` — play the ticks ``times`` times in a row, each pass shifted by the capture's
+  length (a long run from a short capture; GPM and counters repeat as recorded).
 * ``set_call(scope, fn, outcome, ticks=...)`` — the call answers ``outcome`` (``{"v": value}``
   or ``{"e": code}``) in the given ticks, replacing the recorded answer or adding one; for
   values seen in the wild on other boards (utilization 4294967295, a counter reset by a driver
@@ -79,6 +81,20 @@ def fail_call(
             calls.append([scope, f, args, kwargs, outcome])
         out.append({**tick, "calls": calls})
     return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, out
+
+
+def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, Any], Ticks]:
+    """The ticks ``times`` times in a row (see module docstring)."""
+    body = [t for t in ticks if t["tick"] >= 0]
+    init = [t for t in ticks if t["tick"] < 0]
+    if not body:
+        return header, ticks
+    span = body[-1]["ts"] - body[0]["ts"] + (body[1]["ts"] - body[0]["ts"] if len(body) > 1 else 1.0)
+    out = list(init)
+    for k in range(times):
+        for t in body:
+            out.append({**t, "tick": k * len(body) + t["tick"], "ts": t["ts"] + k * span})
+    return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, out
 
 
 def set_call(
