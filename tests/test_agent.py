@@ -63,3 +63,27 @@ def test_lost_gpu_degrades_only_itself_and_comes_back(db_url, store_of):
     report = build_report(store, "h200-replay")
     assert report["status"] == "warning"
     assert report["gpus"][1]["findings"][0]["message"].startswith("GPU unreadable for 15 of")
+
+
+def test_gpu_processes_are_stored_with_their_owner_state(db_url):
+    """The capture's torch process (a PID of the recording host, absent here) is stored as an
+    unresolved process, and its GPU memory per tick rises through the growth phase."""
+    import asyncio
+
+    from conftest import H200_PHASES
+
+    from vgpumon.agent import Agent
+    from vgpumon.sources.host import HostSource
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.store import open_store
+
+    store = open_store(db_url)
+    asyncio.run(Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", paced=False, host=HostSource()).run())
+    with store.engine.connect() as conn:
+        procs = conn.execute(text("SELECT pid, resolved, name FROM processes")).all()
+        used = [r[0] for r in conn.execute(text("SELECT used_gpu_memory_bytes FROM gpu_process_samples ORDER BY ts"))]
+    store.close()
+    assert len(procs) == 1 and not procs[0][1] and procs[0][2] is None
+    growth = H200_PHASES["growth_total_bytes"]
+    assert max(used) - min(used) >= growth  # the process's own bytes grew by what it allocated

@@ -55,6 +55,8 @@ class Agent:
         on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
         host: the host source (psutil); ``None`` skips host samples (replays of another host's
             capture skip them by default: this host's CPU says nothing about that one).
+        sysfs_root: where to read the PCIe topology above the GPUs (``/sys``); ``None`` skips it
+            (replays).
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
         on_tick: Callable[[Snapshot], None] | None = None,
         host: HostSource | None = None,
+        sysfs_root: str | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -81,6 +84,8 @@ class Agent:
         self.monotonic = monotonic
         self.on_tick = on_tick
         self.host = host
+        self.sysfs_root = sysfs_root
+        self.topology: Any = None
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
         self._pending: list[TickRows] = []
@@ -133,6 +138,13 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._gpu_ids = await loop.run_in_executor(self._store_exec, self.store.register_gpus, self.hostname, self.source.gpus)
         self._host_id = await loop.run_in_executor(self._store_exec, self.store.host_id, self.hostname)
+        if self.sysfs_root is not None and self._host_id is not None:
+            from vgpumon.sources.pcie_topology import read_topology
+
+            self.topology = await loop.run_in_executor(self._host_exec, read_topology, self.source.gpus, self.sysfs_root)
+            await loop.run_in_executor(
+                self._store_exec, self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time()
+            )
 
     def _tick_rows(self, snap: Snapshot) -> TickRows:
         """The rows one tick writes, per table."""

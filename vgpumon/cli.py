@@ -136,6 +136,7 @@ def agent(
         source,
         store,
         host=None if replay else HostSource(),
+        sysfs_root=None if replay else "/sys",
         hostname=hostname or default_hostname(),
         interval=interval,
         duration=_parse_duration(duration) if duration else None,

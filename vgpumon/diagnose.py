@@ -62,7 +62,25 @@ def _value(v: Any, reason: str) -> dict[str, Any]:
     return {"value": v} if v is not None else {"value": None, "reason": reason}
 
 
-def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float) -> dict[str, Any]:
+def _path(topology: Any, uuid: str, index_of: dict[str, int]) -> list[dict[str, Any]]:
+    """The GPU's PCIe path (GPU first) with, per upstream hop, the other GPUs that share it."""
+    out = []
+    for hop in topology.path(uuid):
+        others = [index_of[u] for u in topology.gpus_below(hop.bdf) if u != uuid and u in index_of]
+        out.append(
+            {
+                "bdf": hop.bdf,
+                "kind": hop.kind,
+                "link_current": {"generation": hop.link_gen_current, "width": hop.link_width_current},
+                "link_max": {"generation": hop.link_gen_max, "width": hop.link_width_max},
+                "capacity_bytes_per_second": link_capacity_bytes_per_second(hop.link_gen_max, hop.link_width_max),
+                "shared_with_gpus": sorted(others),
+            }
+        )
+    return out
+
+
+def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology: Any = None, index_of: dict[str, int] | None = None) -> dict[str, Any]:
     g = gpu.identity
     agg = store.window_aggregates(gpu.id, start, end, WINDOW_COLUMNS)
     last = store.last_values(gpu.id, end, LAST_COLUMNS)
@@ -97,6 +115,7 @@ def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float) -> dict[
         },
         "link_current": {"generation": lv("pcie_link_gen_current"), "width": lv("pcie_link_width_current")},
         "gpu_max_generation": g.pcie_link_gen_gpu_max,
+        "path": _path(topology, g.uuid, index_of or {}) if topology is not None else [],
     }
     no_gpm = "no GPM on this GPU (PCIe bytes/s need GPM, Hopper or newer)"
     for direction in ("tx", "rx"):
@@ -211,7 +230,9 @@ def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now:
     start = end - window_seconds
     report["window"] = {"start": _iso(start), "end": _iso(end), "seconds": window_seconds}
     report["newest_sample_age_seconds"] = max(0.0, now - end)
-    report["gpus"] = [_gpu_report(store, g, start, end) for g in gpus]
+    topology = store.topology(hostname)
+    index_of = {g.identity.uuid: g.identity.index for g in gpus}
+    report["gpus"] = [_gpu_report(store, g, start, end, topology, index_of) for g in gpus]
     worst = "ok"
     for gpu in report["gpus"]:
         for f in gpu["findings"]:

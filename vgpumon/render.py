@@ -62,6 +62,17 @@ def render_diagnose(report: dict[str, Any]) -> str:
             f"  PCIe link       max Gen{lm['generation'] or '?'} x{lm['width'] or '?'} ({gbps(cap, u.get('pcie.link_max'))} per direction)"
             f"  current Gen{lc['generation'] or '?'} x{lc['width'] or '?'}"
         )
+        path = p.get("path") or []
+        if len(path) > 1:
+            hops = []
+            for hop in path[1:]:
+                if hop["kind"] == "host_bridge":
+                    hops.append(f"host bridge {hop['bdf']}")
+                    continue
+                lm = hop["link_max"]
+                shared = f", shared with GPU {', '.join(map(str, hop['shared_with_gpus']))}" if hop["shared_with_gpus"] else ""
+                hops.append(f"{hop['kind']} {hop['bdf']} Gen{lm['generation'] or '?'} x{lm['width'] or '?'}{shared}")
+            out.append("  PCIe path       " + " → ".join(hops))
         for d in ("tx", "rx"):
             x = p[d]
             col = f"pcie_{d}_bytes_per_second"

@@ -22,6 +22,7 @@ from vgpumon.store.schema import (
     GpuSampleRow,
     Host,
     HostSample,
+    PcieLink,
     Process,
     XidEvent,
 )
@@ -200,6 +201,49 @@ class Store:
             "rss_bytes": row["rss_bytes"],
             "cpu_seconds_total": row["cpu_seconds_total"],
         }
+
+    def replace_topology(self, host_id: int, hops: Sequence[Any], gpu_ids: dict[str, int], observed_at: float) -> None:
+        """Replace a host's stored PCIe tree with ``hops`` (``PcieHop``s) in one transaction."""
+        t = PcieLink.__table__
+        rows = [
+            {
+                "host_id": host_id, "bdf": h.bdf, "parent_bdf": h.parent_bdf, "kind": h.kind,
+                "gpu_id": gpu_ids.get(h.uuid) if h.uuid else None,
+                "link_gen_current": h.link_gen_current, "link_width_current": h.link_width_current,
+                "link_gen_max": h.link_gen_max, "link_width_max": h.link_width_max, "observed_at": observed_at,
+            }
+            for h in hops
+        ]
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(t.delete().where(t.c.host_id == host_id))
+                if rows:
+                    conn.execute(t.insert(), rows)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def topology(self, hostname: str) -> Any:
+        """The stored PCIe tree of a host as a ``PcieTopology`` (empty when never read)."""
+        from vgpumon.sources.pcie_topology import PcieHop, PcieTopology
+
+        t = PcieLink.__table__
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(t, Gpu.uuid).join(Host, Host.id == t.c.host_id).outerjoin(Gpu, Gpu.id == t.c.gpu_id).where(Host.hostname == hostname)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return PcieTopology(
+            tuple(
+                PcieHop(
+                    bdf=r["bdf"], kind=r["kind"], parent_bdf=r["parent_bdf"],
+                    link_gen_current=r["link_gen_current"], link_width_current=r["link_width_current"],
+                    link_gen_max=r["link_gen_max"], link_width_max=r["link_width_max"], uuid=r["uuid"],
+                )
+                for r in rows
+            )
+        )
 
     def host_id(self, hostname: str) -> int | None:
         """``hosts.id`` of a host name, ``None`` if unknown."""

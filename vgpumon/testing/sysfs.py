@@ -58,6 +58,32 @@ def materialize(snap: dict[str, Any], dest: str | Path) -> Path:
     return dest
 
 
+def switch_tree(real: dict[str, Any], gpus: list[GpuIdentity], per_switch: int = 4) -> dict[str, Any]:
+    """Derive an 8-GPU-style sysfs tree from a real one-GPU snapshot: ``per_switch`` GPUs behind
+    each PCIe switch (upstream port + one downstream port per GPU), one switch per root port,
+    every hop with the link files the real GPU had. GPUs are placed at their ``pci_bus_id``."""
+    files_of_real = {k.rsplit("/", 1)[1]: v for k, v in real["files"].items()}
+    links: dict[str, str] = {}
+    files: dict[str, str] = {}
+
+    def add(path: str) -> None:
+        for name in LINK_FILES:
+            if name in files_of_real:
+                files[f"{path}/{name}"] = files_of_real[name]
+
+    for i, g in enumerate(gpus):
+        sw = i // per_switch
+        root = f"0000:00:{0x01 + 2 * sw:02x}.0"
+        up = f"0000:{0x10 + 0x10 * sw:02x}:00.0"
+        down = f"0000:{0x11 + 0x10 * sw:02x}:{i % per_switch:02x}.0"
+        bdf = nvml_bus_id_to_bdf(g.pci_bus_id or "")
+        path = f"devices/pci0000:00/{root}/{up}/{down}/{bdf}"
+        for p in (f"devices/pci0000:00/{root}", f"devices/pci0000:00/{root}/{up}", f"devices/pci0000:00/{root}/{up}/{down}", path):
+            add(p)
+        links[bdf] = path
+    return {"links": links, "files": files}
+
+
 def main() -> None:  # pragma: no cover - run on a GPU host to record a fixture
     """``python -m vgpumon.testing.sysfs OUT.json``: snapshot this host's GPUs."""
     import sys
