@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_support import expected, shared_dir, source
+from vllm_support import expected, lifecycle_body, shared_dir, source
 
 from vgpumon.sources.vllm import ServerSample, ServerState, VllmProcess
 from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
@@ -111,17 +111,6 @@ def test_prefix_cache_counter_unit_follows_the_version():
     assert _scrape((d / "production-stack-issue-617.txt").read_text()).prefix_cache_unit == "tokens"
 
 
-def _lifecycle_body(row: dict) -> str:
-    lines = []
-    for key, metric in (("running", "num_requests_running"), ("waiting", "num_requests_waiting"),
-                        ("kv", "kv_cache_usage_perc"), ("gen", "generation_tokens_total")):
-        kind = "counter" if key == "gen" else "gauge"
-        base = metric.removesuffix("_total")
-        lines.append(f"# TYPE vllm:{base} {kind}")
-        lines.extend(row[key])
-    return "\n".join(lines) + "\n"
-
-
 def test_lifecycle_recording_gives_states_and_prewarm():
     """The real 0.32 server polled every ~0.5 s from start-up: refused for 56 s, ready at 56.26,
     /health 503 at 78.97 after its engine core was killed, refused from 81.73. Replayed on an
@@ -149,7 +138,7 @@ def test_lifecycle_recording_gives_states_and_prewarm():
                     await server.stop()
                 if up:
                     server.health_status = row["/health"]
-                    server.metrics = _lifecycle_body(row)
+                    server.metrics = lifecycle_body(row)
                 (smp,) = await src.poll()
                 seen.append((row["t"], smp))
         finally:

@@ -38,3 +38,16 @@ def source(clock: FakeClock, **kw: Any) -> VllmSource:
     kw.setdefault("request_timeout", 0.5)
     kw.setdefault("interval", 0.5)
     return VllmSource(clock=clock, **kw)
+
+
+def lifecycle_body(row: dict[str, Any]) -> str:
+    """A ``/metrics`` body from one row of the real lifecycle recording (its raw exposition
+    lines of running, waiting, KV usage and generated tokens)."""
+    lines = []
+    for key, metric in (("running", "num_requests_running"), ("waiting", "num_requests_waiting"),
+                        ("kv", "kv_cache_usage_perc"), ("gen", "generation_tokens_total")):
+        kind = "counter" if key == "gen" else "gauge"
+        base = metric.removesuffix("_total")
+        lines.append(f"# TYPE vllm:{base} {kind}")
+        lines.extend(row[key])
+    return "\n".join(lines) + "\n"
