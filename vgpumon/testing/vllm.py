@@ -115,7 +115,7 @@ class FakeVllmServer:
                     for i in range(0, len(body), step):
                         await resp.write(body[i : i + step])
                     await resp.write_eof()
-                except (ConnectionResetError, RuntimeError):
+                except (ConnectionError, RuntimeError):
                     pass  # the client stopped reading (size limit): expected
                 return resp
             return web.Response(body=body, status=self.metrics_status, headers={"Content-Type": self.metrics_content_type})
