@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from vllm_support import expected, lifecycle_body, shared_dir, source

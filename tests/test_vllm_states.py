@@ -12,7 +12,6 @@ from vllm_support import lifecycle_body, shared_dir, source
 
 from vgpumon.model import GpuSample, Snapshot
 from vgpumon.sources.vllm import ServerSample, ServerState, VllmProcess
-from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
 
 S = ServerState

@@ -133,8 +133,9 @@ class MetricsReading:
     """Everything one ``/metrics`` scrape says, reduced to canonical fields.
 
     Attributes:
-        has_vllm: the scrape had at least one ``vllm:`` sample (``--disable-log-stats`` and some
-            old builds have none: the server is then "ready with limited telemetry").
+        has_vllm: the scrape had at least one ``vllm:`` family, with or without samples
+            (``--disable-log-stats`` and some old builds have none: the server is then "ready with
+            limited telemetry").
         engines: distinct ``engine`` label values, sorted.
         model_names: distinct ``model_name`` label values, sorted.
         series: per ``(model_name, engine)`` readings.

@@ -30,7 +30,7 @@ import aiohttp
 from vgpumon.model import Snapshot
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
-from vgpumon.sources.vllm.discovery import NoProcesses, ProcessTable, PsutilProcessTable, VllmProcess
+from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
 from vgpumon.sources.vllm.metrics import (
     MetricsParseError,
     MetricsReading,
