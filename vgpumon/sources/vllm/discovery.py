@@ -1,0 +1,177 @@
+"""Finding local vLLM servers in the process table (psutil), and what their processes use.
+
+A server is a process whose command line is ``vllm serve …`` (the console script, also as
+``python …/bin/vllm serve``) or ``python -m vllm.entrypoints.openai.api_server …``. Its helper
+processes (``VLLM::EngineCore``, ``VLLM::Worker``, extra API servers of
+``--api-server-count``) are its descendants; a match whose ancestor is also a match is one of
+those and not a server of its own.
+
+Port: ``--port N`` / ``--port=N`` from the command line, else the single TCP port the process
+listens on, else vLLM's default 8000. Host: ``--host`` unless it is a wildcard address
+(``0.0.0.0``, ``::``, empty), in which case the agent talks to 127.0.0.1. Servers on a Unix
+socket (``--uds``) are not scraped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+import psutil
+
+DEFAULT_PORT = 8000
+_API_MODULE = "vllm.entrypoints.openai.api_server"
+_WILDCARD = {"", "0.0.0.0", "::", "[::]"}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmProcess:
+    """A vLLM server found in the process table.
+
+    Attributes:
+        pid: the server's (API server's) process id.
+        create_time: its start time, epoch seconds (``psutil.Process.create_time()``); with the
+            pid it identifies one start of the server.
+        host: address to scrape (``127.0.0.1`` for wildcard binds).
+        port: HTTP port.
+        pids: the server and all its descendants (engine cores, workers), for the GPU mapping
+            and the RSS/CPU figures.
+        cmdline: the command line, for display.
+    """
+
+    pid: int
+    create_time: float
+    host: str
+    port: int
+    pids: tuple[int, ...]
+    cmdline: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """Resource use of a set of processes at one moment.
+
+    Attributes:
+        rss_bytes: resident set size summed over the processes that still exist.
+        cpu_seconds: pid → user + system CPU seconds since that process started.
+    """
+
+    rss_bytes: int
+    cpu_seconds: Mapping[int, float]
+
+
+class ProcessTable(Protocol):
+    """What the vLLM source needs from the host's process table (injected; psutil by default)."""
+
+    def scan(self) -> Sequence[VllmProcess]:
+        """Every vLLM server on the host now."""
+
+    def usage(self, pids: Sequence[int]) -> ProcessUsage | None:
+        """RSS and CPU time of these processes; ``None`` when none can be read."""
+
+
+def _arg(cmdline: Sequence[str], name: str) -> str | None:
+    for i, a in enumerate(cmdline):
+        if a == name and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def is_vllm_server(cmdline: Sequence[str]) -> bool:
+    """``vllm serve …`` or ``python -m vllm.entrypoints.openai.api_server …``."""
+    if not cmdline:
+        return False
+    for i, a in enumerate(cmdline):
+        if a == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] == _API_MODULE:
+            return True
+        if os.path.basename(a) == "vllm" and i + 1 < len(cmdline) and cmdline[i + 1] == "serve":
+            return True
+    return False
+
+
+def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tuple[str, int]:
+    """Where the server answers HTTP, from its command line (see module docstring).
+
+    Args:
+        cmdline: the process's arguments.
+        listening: TCP ports the process listens on (used only without ``--port``).
+    """
+    host = _arg(cmdline, "--host") or ""
+    host = "127.0.0.1" if host in _WILDCARD else host
+    port_arg = _arg(cmdline, "--port")
+    if port_arg and port_arg.isdigit():
+        return host, int(port_arg)
+    ports = sorted(set(listening))
+    if len(ports) == 1:
+        return host, ports[0]
+    return host, DEFAULT_PORT
+
+
+class PsutilProcessTable:
+    """The host's process table through psutil (needs no privileges for the user's own
+    processes; root sees every server)."""
+
+    def scan(self) -> list[VllmProcess]:
+        found: dict[int, psutil.Process] = {}
+        for p in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue  # exited, not yet reaped by its parent: gone for us
+                if is_vllm_server(p.info["cmdline"] or ()):
+                    found[p.pid] = p
+            except (psutil.Error, TypeError):
+                continue
+        out = []
+        for pid, p in found.items():
+            try:
+                if any(a.pid in found for a in p.parents()):
+                    continue  # an extra API server or a helper of a server we already have
+                cmdline = tuple(p.info["cmdline"] or ())
+                tree = [p] + p.children(recursive=True)
+                listening: list[int] = []
+                if _arg(cmdline, "--port") is None:
+                    try:
+                        listening = [
+                            c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
+                        ]
+                    except psutil.Error:
+                        pass
+                host, port = port_and_host(cmdline, listening)
+                out.append(
+                    VllmProcess(
+                        pid=pid, create_time=p.create_time(), host=host, port=port,
+                        pids=tuple(q.pid for q in tree), cmdline=cmdline,
+                    )
+                )
+            except psutil.Error:
+                continue  # exited while we looked
+        return out
+
+    def usage(self, pids: Sequence[int]) -> ProcessUsage | None:
+        rss = 0
+        cpu: dict[int, float] = {}
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                with p.oneshot():
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    rss += p.memory_info().rss
+                    t = p.cpu_times()
+                    cpu[pid] = t.user + t.system
+            except psutil.Error:
+                continue
+        return ProcessUsage(rss_bytes=rss, cpu_seconds=cpu) if cpu else None
+
+
+class NoProcesses:
+    """A process table that finds nothing (static targets only)."""
+
+    def scan(self) -> list[VllmProcess]:
+        return []
+
+    def usage(self, pids: Sequence[int]) -> ProcessUsage | None:
+        return None

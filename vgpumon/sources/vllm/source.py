@@ -1,0 +1,633 @@
+"""The vLLM source: finds the host's vLLM servers, scrapes them concurrently, keeps each one's
+state, and hands the agent one ``ServerSample`` per server per poll.
+
+Isolation (ARCHITECTURE "Nothing blocks the loop"): every HTTP request has its own timeout and a
+response-size limit (an oversized body is an error, read no further than the limit); requests to
+all servers run concurrently, so a hung server costs the others nothing; ``/metrics`` is parsed
+and the process table read on a worker thread, so the event loop (which schedules NVML ticks)
+is never held by a large scrape.
+
+Endpoints: ``/health`` and ``/metrics`` every poll; ``/version`` until known (it never touches the
+engine); ``/v1/models`` once ready; ``/load`` (0.8.5+), ``/is_sleeping`` (dev mode) and a JSON
+``/stats`` (not part of vLLM; some deployments add one) every poll once they answered 200 — a 404
+stops asking for that server's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from vgpumon.model import Snapshot
+from vgpumon.sources.vllm import kv
+from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
+from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
+from vgpumon.sources.vllm.metrics import (
+    MetricsParseError,
+    MetricsReading,
+    parse_metrics,
+    parse_version,
+    prefix_cache_unit,
+)
+from vgpumon.sources.vllm.state import (
+    CONNECTION,
+    REFUSED,
+    TIMEOUT,
+    TOO_LARGE,
+    Lifecycle,
+    Observation,
+    ServerState,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # a real 0.32 scrape is ~50 kB; many LoRA adapters × buckets stay far below
+_ACCEPT_METRICS = "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceIdentity:
+    """One start of one server: host, port, pid and process start time (static targets: no pid;
+    ``first_seen`` distinguishes their starts).
+
+    Attributes:
+        host: the host the agent runs on is the server's host; this is the address scraped.
+        port: HTTP port.
+        url: base URL (``http://127.0.0.1:8000``).
+        origin: ``"discovered"`` (process table) or ``"static"`` (configured URL).
+        pid: API server pid; ``None`` for static targets.
+        process_start: process start time (epoch seconds); ``None`` for static targets.
+        first_seen: when the agent first saw this start (epoch seconds, injected clock).
+    """
+
+    host: str
+    port: int
+    url: str
+    origin: str
+    pid: int | None
+    process_start: float | None
+    first_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One ``(model_name, engine)`` series of one poll (data-parallel engines are kept apart)."""
+
+    model_name: str | None
+    engine: str | None
+    running: float | None
+    waiting: float | None
+    kv_cache_usage_ratio: float | None
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """What one poll saw of one server, in base units; ``None`` = unknown.
+
+    Identity and start (the same for every sample of one start):
+        instance, version (``/version``), model_names (``/v1/models``, else ``model_name``
+        labels), first_connect_ts, ready_ts, prewarm_seconds (process start → first
+        ``/health`` 200), prewarm_gpu_active_ratio (mean SM activity of the server's GPUs over
+        the prewarm window; ``utilization.gpu`` where the GPU has no GPM, see
+        ``prewarm_gpu_activity_source``), ended (the process is gone; last sample of the start).
+
+    Per poll:
+        ts (epoch seconds), state, reason, health_status, metrics_error, telemetry
+        (``"full"``, ``"limited"`` without ``vllm:`` metrics, ``"down"``), running, waiting
+        (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
+        *_per_second rates from counters, prefix_cache_hit_ratio (+ unit of the counters),
+        latency quantiles in seconds, kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
+        sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
+        server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
+        scrape_seconds (wall time of this server's requests), generation_tokens_total (the
+        cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
+        scrape), reading (the parsed scrape itself, not stored).
+    """
+
+    instance: InstanceIdentity
+    ts: float
+    state: ServerState
+    reason: str
+    version: str | None = None
+    model_names: tuple[str, ...] = ()
+    first_connect_ts: float | None = None
+    ready_ts: float | None = None
+    prewarm_seconds: float | None = None
+    prewarm_gpu_active_ratio: float | None = None
+    prewarm_gpu_activity_source: str | None = None
+    ended: bool = False
+    health_status: int | None = None
+    metrics_error: str | None = None
+    telemetry: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    kv_cache_usage_mean_ratio: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    requests_finished_per_second: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_unit: str | None = None
+    ttft_p50_seconds: float | None = None
+    ttft_p95_seconds: float | None = None
+    ttft_p99_seconds: float | None = None
+    itl_p50_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    e2e_p50_seconds: float | None = None
+    e2e_p95_seconds: float | None = None
+    e2e_p99_seconds: float | None = None
+    queue_p50_seconds: float | None = None
+    queue_p95_seconds: float | None = None
+    queue_p99_seconds: float | None = None
+    kv_block_size: int | None = None
+    kv_num_gpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_blocks_used: float | None = None
+    kv_fragmentation_ratio: float | None = None
+    kv_token_occupancy_ratio: float | None = None
+    kv_estimate_approximate: bool | None = None
+    gauges_stale: bool = False
+    sleep_state: str | None = None
+    server_load: float | None = None
+    rss_bytes: int | None = None
+    cpu_seconds_per_second: float | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    engines: tuple[EngineSample, ...] = ()
+    scrape_seconds: float | None = None
+    generation_tokens_total: float | None = None
+    engine_labels: tuple[str, ...] = ()
+    reading: MetricsReading | None = field(default=None, compare=False, repr=False)
+
+
+class GpuActivityLog:
+    """Recent per-GPU activity from the agent's snapshots, for the prewarm window.
+
+    Keeps ``max_age`` seconds (default 2 h: a cold start with graph capture can take many minutes).
+    SM activity comes from GPM (``sm_active_ratio``); a GPU without GPM contributes
+    ``utilization.gpu``, labelled as such.
+    """
+
+    def __init__(self, max_age: float = 7200.0) -> None:
+        self.max_age = max_age
+        self._rows: deque[tuple[float, str, float, str]] = deque()
+
+    def observe(self, snap: Snapshot) -> None:
+        for s in snap.samples:
+            if s.sm_active_ratio is not None:
+                self._rows.append((s.ts, s.uuid, s.sm_active_ratio, "gpm"))
+            elif s.utilization_gpu_ratio is not None:
+                self._rows.append((s.ts, s.uuid, s.utilization_gpu_ratio, "utilization"))
+        while self._rows and self._rows[0][0] < snap.ts - self.max_age:
+            self._rows.popleft()
+
+    def mean(self, uuids: Iterable[str], start: float, end: float) -> tuple[float, str] | None:
+        """Mean activity ratio of these GPUs over ``start <= ts <= end`` and its source
+        (``"gpm"``, ``"utilization"`` or ``"mixed"``); ``None`` without samples."""
+        wanted = set(uuids)
+        vals = [(r, src) for ts, u, r, src in self._rows if u in wanted and start <= ts <= end]
+        if not vals:
+            return None
+        srcs = {s for _, s in vals}
+        return sum(r for r, _ in vals) / len(vals), (srcs.pop() if len(srcs) == 1 else "mixed")
+
+
+@dataclass
+class _Reply:
+    status: int | None = None
+    body: bytes | None = None
+    error: str | None = None
+    content_type: str = ""
+
+    def json(self) -> Any:
+        if self.status != 200 or self.body is None:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+@dataclass
+class _Server:
+    identity: InstanceIdentity
+    lifecycle: Lifecycle
+    pids: tuple[int, ...] = ()
+    deriver: IntervalDeriver = field(default_factory=IntervalDeriver)
+    version: str | None = None
+    models: tuple[str, ...] | None = None
+    caps: dict[str, bool] = field(default_factory=dict)  # endpoint → answers (False after a 404)
+    prev_fingerprint: Any = None
+    prev_cpu: Mapping[int, float] | None = None
+    prev_cpu_ts: float | None = None
+    gpus_seen: set[str] = field(default_factory=set)
+    prewarm_activity: tuple[float, str] | None = None
+    last: ServerSample | None = None
+
+
+def _key_of_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class VllmSource:
+    """Discovers and scrapes the vLLM servers of one host.
+
+    Args:
+        static_urls: base URLs to scrape besides the discovered servers (servers in containers
+            whose processes the agent cannot see), e.g. ``http://10.0.0.5:8000``.
+        processes: the process table (``PsutilProcessTable`` by default; ``NoProcesses`` turns
+            discovery off).
+        clock: epoch-seconds clock for sample times, prewarm and state (``time.time``); injected
+            so that tests drive time.
+        interval: seconds between polls in ``run``.
+        request_timeout: per-request timeout in seconds (connect + full body).
+        max_response_bytes: larger bodies are errors (``"too_large"``), read no further.
+        hang_after: scrapes with work queued and token counters flat before "hung".
+        session: an aiohttp session to use (created on first poll otherwise, closed by
+            ``close``).
+        activity: the GPU activity log the prewarm figure reads (fed by ``observe``).
+    """
+
+    def __init__(
+        self,
+        *,
+        static_urls: Sequence[str] = (),
+        processes: ProcessTable | None = None,
+        clock: Callable[[], float] = time.time,
+        interval: float = 2.0,
+        request_timeout: float = 1.5,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        hang_after: int = 3,
+        session: aiohttp.ClientSession | None = None,
+        activity: GpuActivityLog | None = None,
+    ) -> None:
+        self.static_urls = tuple(u.rstrip("/") if "://" in u else f"http://{u.rstrip('/')}" for u in static_urls)
+        self.processes: ProcessTable = processes if processes is not None else PsutilProcessTable()
+        self.clock = clock
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self.max_response_bytes = max_response_bytes
+        self.hang_after = hang_after
+        self.activity = activity or GpuActivityLog()
+        self._session = session
+        self._own_session = session is None
+        self._servers: dict[tuple[str, int], _Server] = {}
+        self._gpu_pids: dict[str, set[int]] = {}
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm")
+
+    # -- inputs from the agent -----------------------------------------------------------------
+
+    def observe(self, snap: Snapshot) -> None:
+        """Take the NVML view of a tick: compute processes per GPU (host pids, for the
+        server → GPU mapping) and GPU activity (for prewarm). Called on the event loop."""
+        self._gpu_pids = {s.uuid: {pid for pid, _ in s.processes} for s in snap.samples}
+        self.activity.observe(snap)
+
+    # -- polling -------------------------------------------------------------------------------
+
+    @property
+    def servers(self) -> dict[tuple[str, int], ServerSample | None]:
+        """(host, port) → the latest sample of each server being tracked."""
+        return {k: s.last for k, s in self._servers.items()}
+
+    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+
+    async def poll(self) -> list[ServerSample]:
+        """One poll of every server: discovery, concurrent scrapes, state, derived figures.
+
+        Returns:
+            One sample per server tracked in this poll, plus a final sample (``ended``) for
+            each discovered server whose process went away or was replaced.
+        """
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit_per_host=8), trust_env=False, raise_for_status=False
+            )
+        now = self.clock()
+        try:
+            found: Sequence[VllmProcess] = await self._offload(self.processes.scan)
+        except Exception as exc:  # noqa: BLE001 - a broken process table must not stop scraping
+            log.warning("vLLM discovery failed: %s", exc)
+            found = []
+        live = {(p.host, p.port): p for p in found}
+        out: list[ServerSample] = []
+        for key, srv in list(self._servers.items()):
+            if srv.identity.origin != "discovered":
+                continue
+            p = live.get(key)
+            if p is None or (p.pid, p.create_time) != (srv.identity.pid, srv.identity.process_start):
+                out.append(self._ended(srv, now))
+                del self._servers[key]
+        for key, p in live.items():
+            srv = self._servers.get(key)
+            if srv is None:
+                ident = InstanceIdentity(
+                    host=p.host, port=p.port, url=f"http://{_url_host(p.host)}:{p.port}", origin="discovered",
+                    pid=p.pid, process_start=p.create_time, first_seen=now,
+                )
+                srv = _Server(ident, Lifecycle(first_seen=now, process_start=p.create_time, hang_after=self.hang_after))
+                self._servers[key] = srv
+                log.info("vLLM server found: pid %d on %s", p.pid, ident.url)
+            srv.pids = p.pids
+        for url in self.static_urls:
+            key = _key_of_url(url)
+            if key not in self._servers:
+                ident = InstanceIdentity(
+                    host=key[0], port=key[1], url=url, origin="static", pid=None, process_start=None, first_seen=now
+                )
+                self._servers[key] = _Server(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
+        servers = list(self._servers.values())
+        samples = await asyncio.gather(*(self._poll_one(s, now) for s in servers), return_exceptions=True)
+        for srv, smp in zip(servers, samples):
+            if isinstance(smp, BaseException):
+                if isinstance(smp, asyncio.CancelledError):
+                    raise smp
+                log.exception("vLLM poll of %s failed", srv.identity.url, exc_info=smp)
+                continue
+            out.append(smp)
+        return out
+
+    async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
+        """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set."""
+        start = time.monotonic()
+        k = 0
+        while not stop.is_set():
+            yield await self.poll()
+            k += 1
+            delay = start + k * self.interval - time.monotonic()
+            if delay < 0:  # a poll overran: skip missed slots
+                k += int(-delay // self.interval) + 1
+                delay = start + k * self.interval - time.monotonic()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Close the HTTP session (when the source made it) and the worker thread."""
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._exec.shutdown(wait=False)
+
+    # -- one server ----------------------------------------------------------------------------
+
+    async def _get(self, url: str, *, accept: str | None = None) -> _Reply:
+        assert self._session is not None
+        headers = {"Accept": accept} if accept else {}
+        try:
+            async with self._session.get(
+                url, headers=headers, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.request_timeout)
+            ) as r:
+                if r.content_length is not None and r.content_length > self.max_response_bytes:
+                    return _Reply(status=r.status, error=TOO_LARGE)
+                body = bytearray()
+                async for chunk in r.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > self.max_response_bytes:
+                        return _Reply(status=r.status, error=TOO_LARGE)
+                return _Reply(status=r.status, body=bytes(body), content_type=r.headers.get("Content-Type", ""))
+        except asyncio.TimeoutError:
+            return _Reply(error=TIMEOUT)
+        except aiohttp.ClientConnectorError as exc:
+            refused = isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower()
+            return _Reply(error=REFUSED if refused else CONNECTION)
+        except (aiohttp.ClientError, OSError):
+            return _Reply(error=CONNECTION)
+
+    def _ended(self, srv: _Server, now: float) -> ServerSample:
+        """The last sample of a discovered server whose process is gone (or was replaced)."""
+        lc = srv.lifecycle
+        lc.step(Observation(ts=now, process_alive=False, health_status=None))
+        smp = self._sample(srv, now, ended=True)
+        srv.last = smp
+        log.info("vLLM server pid %s on %s gone (%s)", srv.identity.pid, srv.identity.url, lc.state.value)
+        return smp
+
+    async def _poll_one(self, srv: _Server, now: float) -> ServerSample:
+        base = srv.identity.url
+        t0 = time.perf_counter()
+        lc = srv.lifecycle
+        requests: dict[str, Any] = {
+            "health": self._get(base + "/health"),
+            "metrics": self._get(base + "/metrics", accept=_ACCEPT_METRICS),
+        }
+        if srv.version is None and srv.caps.get("version", True):
+            requests["version"] = self._get(base + "/version")
+        if lc.ready_ts is not None:
+            if srv.models is None and srv.caps.get("models", True):
+                requests["models"] = self._get(base + "/v1/models")
+            for name, path in (("load", "/load"), ("is_sleeping", "/is_sleeping"), ("stats", "/stats")):
+                if srv.caps.get(name, True):
+                    requests[name] = self._get(base + path)
+        if srv.identity.origin == "discovered" and srv.pids:
+            requests["usage"] = self._offload(self.processes.usage, srv.pids)
+        replies = dict(zip(requests, await asyncio.gather(*requests.values())))
+        scrape_seconds = time.perf_counter() - t0
+        for name in ("version", "models", "load", "is_sleeping", "stats"):
+            rep = replies.get(name)
+            if isinstance(rep, _Reply) and rep.status is not None:
+                if rep.status == 404:
+                    srv.caps[name] = False
+                elif rep.status == 200:
+                    srv.caps[name] = True
+        health: _Reply = replies["health"]
+        if srv.identity.origin == "static" and lc.state is ServerState.DEAD and health.status == 200:
+            # a static target answers again after it died: a new start of that server
+            ident = replace(srv.identity, first_seen=now)
+            srv = _Server(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
+            self._servers[(ident.host, ident.port)] = srv
+            lc = srv.lifecycle
+        if (v := replies.get("version")) is not None and (doc := v.json()) and isinstance(doc, dict):
+            srv.version = str(doc.get("version")) if doc.get("version") is not None else None
+        if (m := replies.get("models")) is not None and (doc := m.json()) and isinstance(doc, dict):
+            ids = [d.get("id") for d in doc.get("data", []) if isinstance(d, dict) and d.get("id")]
+            srv.models = tuple(str(i) for i in ids)
+
+        reading: MetricsReading | None = None
+        metrics: _Reply = replies["metrics"]
+        metrics_error: str | None = None
+        if metrics.error is not None:
+            metrics_error = metrics.error
+        elif metrics.status != 200:
+            metrics_error = f"HTTP {metrics.status}"
+        else:
+            text = (metrics.body or b"").decode("utf-8", errors="replace")
+            om = metrics.content_type.startswith("application/openmetrics-text")
+            try:
+                reading = await self._offload(lambda: parse_metrics(text, openmetrics=om))
+            except MetricsParseError as exc:
+                metrics_error = str(exc)
+        stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
+        load_doc = replies["load"].json() if "load" in replies else None
+        server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
+        sleeping_doc = replies["is_sleeping"].json() if "is_sleeping" in replies else None
+        derived: dict[str, float | None] = {}
+        running = waiting = kv_usage = kv_mean = None
+        sleep_state = None
+        if reading is not None:
+            derived = srv.deriver.step(now, reading)
+            running, waiting = reading.running, reading.waiting
+            kv_usage, kv_mean = reading.kv_cache_usage_ratio, reading.kv_cache_usage_mean_ratio
+            sleep_state = reading.sleep_state
+        running = running if running is not None else stats.get("running")
+        waiting = waiting if waiting is not None else stats.get("waiting")
+        kv_usage = kv_usage if kv_usage is not None else stats.get("kv_cache_usage")
+        work = None if running is None and waiting is None else (running or 0.0) + (waiting or 0.0)
+        sleeping: bool | None = None
+        if sleep_state is not None:
+            sleeping = sleep_state != "awake"
+        elif isinstance(sleeping_doc, dict) and isinstance(sleeping_doc.get("is_sleeping"), bool):
+            sleeping = sleeping_doc["is_sleeping"]
+            sleep_state = "asleep" if sleeping else "awake"
+        alive: bool | None = None if srv.identity.origin == "static" else True
+        was_ready = lc.ready_ts is not None
+        lc.step(
+            Observation(
+                ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
+                metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
+                tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
+            )
+        )
+        if reading is not None:
+            fp = gauge_fingerprint(reading)
+            lc.note_frozen(fp == srv.prev_fingerprint)
+            srv.prev_fingerprint = fp
+        # GPUs: any NVML compute process that belongs to the server's process tree
+        tree = set(srv.pids)
+        gpus = tuple(sorted(u for u, pids in self._gpu_pids.items() if pids & tree))
+        if not was_ready:
+            srv.gpus_seen.update(gpus)
+        if not was_ready and lc.ready_ts is not None:
+            srv.prewarm_activity = self.activity.mean(srv.gpus_seen or gpus, lc.start_ts, lc.ready_ts)
+            log.info("vLLM server %s ready; prewarm %s s", srv.identity.url, lc.prewarm_seconds)
+        usage = replies.get("usage")
+        rss = cpu_rate = None
+        if usage is not None:
+            rss = usage.rss_bytes
+            if srv.prev_cpu is not None and srv.prev_cpu_ts is not None and now > srv.prev_cpu_ts:
+                common = set(usage.cpu_seconds) & set(srv.prev_cpu)
+                if common:
+                    cpu_rate = sum(max(usage.cpu_seconds[p] - srv.prev_cpu[p], 0.0) for p in common) / (now - srv.prev_cpu_ts)
+            srv.prev_cpu, srv.prev_cpu_ts = usage.cpu_seconds, now
+        cache = reading.cache if reading is not None else None
+        est = kv.estimate(
+            running=running, kv_usage_ratio=kv_usage,
+            block_size=(cache.block_size if cache else None) or stats.get("block_size"),
+            num_gpu_blocks=(cache.num_gpu_blocks if cache else None) or stats.get("num_gpu_blocks"),
+            kv_cache_size_tokens=cache.kv_cache_size_tokens if cache else None,
+            hybrid=cache.hybrid if cache else None,
+        )
+        version_t = parse_version(srv.version)
+        smp = self._sample(
+            srv, now,
+            health_status=health.status,
+            metrics_error=metrics_error,
+            telemetry="down" if reading is None and not stats else ("full" if (reading and reading.has_vllm) or stats else "limited"),
+            running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
+            prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
+            kv_block_size=(cache.block_size if cache else None) or stats.get("block_size"),
+            kv_num_gpu_blocks=(cache.num_gpu_blocks if cache else None) or stats.get("num_gpu_blocks"),
+            kv_cache_size_tokens=cache.kv_cache_size_tokens if cache else None,
+            kv_blocks_used=est.blocks_used if est else None,
+            kv_fragmentation_ratio=est.fragmentation_ratio if est else None,
+            kv_token_occupancy_ratio=est.token_occupancy_ratio if est else None,
+            kv_estimate_approximate=est.approximate if est else None,
+            gauges_stale=lc.stale,
+            sleep_state=sleep_state,
+            server_load=server_load,
+            rss_bytes=rss,
+            cpu_seconds_per_second=cpu_rate,
+            gpu_uuids=gpus,
+            engines=tuple(
+                EngineSample(
+                    model_name=s.model_name, engine=s.engine, running=s.gauges.get("running"),
+                    waiting=s.gauges.get("waiting"), kv_cache_usage_ratio=s.gauges.get("kv_cache_usage"),
+                )
+                for _, s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1])))
+                if s.gauges
+            ) if reading is not None else (),
+            scrape_seconds=scrape_seconds,
+            generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
+            engine_labels=reading.engines if reading is not None else (),
+            label_models=reading.model_names if reading is not None else (),
+            reading=reading,
+            **{k: v for k, v in derived.items() if k != "tokens_advanced"},
+        )
+        srv.last = smp
+        return smp
+
+    def _sample(self, srv: _Server, now: float, *, ended: bool = False, **values: Any) -> ServerSample:
+        lc = srv.lifecycle
+        act = srv.prewarm_activity
+        label_models = values.pop("label_models", ())
+        return ServerSample(
+            instance=srv.identity,
+            ts=now,
+            state=lc.state,
+            reason=lc.reason,
+            version=srv.version,
+            model_names=srv.models if srv.models is not None else label_models,
+            first_connect_ts=lc.first_connect_ts,
+            ready_ts=lc.ready_ts,
+            prewarm_seconds=lc.prewarm_seconds,
+            prewarm_gpu_active_ratio=act[0] if act else None,
+            prewarm_gpu_activity_source=act[1] if act else None,
+            ended=ended,
+            **values,
+        )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+#: JSON ``/stats`` field → canonical field. vLLM has no such endpoint; these are the names such
+#: sidecars use (documented in docs/vllm.md). Ratios given in percent (> 1) are divided by 100.
+STATS_FIELDS: dict[str, tuple[str, ...]] = {
+    "running": ("num_requests_running", "running", "num_running", "running_requests"),
+    "waiting": ("num_requests_waiting", "waiting", "num_waiting", "waiting_requests", "pending"),
+    "kv_cache_usage": ("kv_cache_usage", "kv_cache_usage_perc", "gpu_cache_usage", "gpu_cache_usage_perc"),
+    "block_size": ("block_size",),
+    "num_gpu_blocks": ("num_gpu_blocks", "total_blocks", "num_total_gpu_blocks"),
+    "free_blocks": ("num_free_gpu_blocks", "free_blocks", "free_gpu_blocks"),
+}
+
+
+def _stats_fields(doc: Any) -> dict[str, Any]:
+    """Canonical fields of a JSON ``/stats`` document (see ``STATS_FIELDS``); empty when the
+    document is absent or not an object."""
+    if not isinstance(doc, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for canon, names in STATS_FIELDS.items():
+        for n in names:
+            v = _num(doc.get(n))
+            if v is not None:
+                out[canon] = v
+                break
+    if "kv_cache_usage" in out and out["kv_cache_usage"] > 1.0:
+        out["kv_cache_usage"] /= 100.0
+    for k in ("block_size", "num_gpu_blocks"):
+        if k in out:
+            out[k] = int(out[k])
+    if "kv_cache_usage" not in out and out.get("num_gpu_blocks") and "free_blocks" in out and out["num_gpu_blocks"] > 1:
+        out["kv_cache_usage"] = 1.0 - out["free_blocks"] / (out["num_gpu_blocks"] - 1)
+    out.pop("free_blocks", None)
+    return out
