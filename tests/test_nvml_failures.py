@@ -165,3 +165,20 @@ def test_xid_events_are_kept_per_code_and_stored(db_url, store_of):
     (gpu,) = store.gpus_of("h200-replay")
     stored = store.xid_events(gpu.id, 0, 2e9)  # times kept to the millisecond
     assert [(round(ts, 3), xid) for ts, xid in stored] == [(round(t5, 3), 79), (round(t6, 3), 79), (round(t6 + 0.01, 3), 48)]
+
+
+def test_diagnose_turns_xid_79_into_critical(tmp_path):
+    """XID 79 (GPU fallen off the bus) is critical in DCGM's health watches: diagnose exits 2."""
+    import subprocess
+    import sys
+
+    header, ticks = read_capture(H200_CAPTURE)
+    header, ticks = scenarios.set_call(header, ticks, "sys", "xid_poll", {"v": [{"index": 0, "xid": 79, "ts": ticks[40]["ts"]}]}, at=[40])
+    cap = tmp_path / "xid79.jsonl"
+    scenarios.write(cap, header, ticks)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    vg = [sys.executable, "-m", "vgpumon"]
+    subprocess.run(vg + ["agent", "--replay", str(cap), "--db", url], check=True, capture_output=True)
+    out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "[CRITICAL] XID 79 × 1 in the window" in out.stdout

@@ -40,10 +40,21 @@ LAST_COLUMNS = (
     "ecc_uncorrected_volatile_total",
     "ecc_corrected_aggregate_total",
     "ecc_uncorrected_aggregate_total",
+    "remapped_rows_uncorrectable_total",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "pcie_replay_total",
 )
 
+#: XID → severity, as NVIDIA's DCGM health watches classify them (FACTS §4); others are listed
+#: as "info" (many XIDs, e.g. 13 or 31, are raised by application faults, not by the GPU).
+XID_SEVERITY = {48: "critical", 74: "critical", 79: "critical", 95: "critical", 119: "critical", 120: "critical",
+                140: "critical", 64: "critical", 94: "warning", 31: "warning", 32: "warning", 43: "warning", 63: "warning"}
+#: PCIe replays per minute above which DCGM warns: ceil(1e-12 × lane rate × 60 × lanes), x16.
+REPLAY_BUDGET_PER_MINUTE = {3: 8, 4: 16, 5: 31}
+
 SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
-_RANK = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}
+_RANK = {"info": -1, "ok": 0, "warning": 1, "critical": 2, "unknown": 3}
 
 
 def _iso(ts: float | None) -> str | None:
@@ -159,6 +170,29 @@ def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology
                 "message": f"card supports PCIe Gen{g.pcie_link_gen_gpu_max} but the slot allows Gen{g.pcie_link_gen_max}",
             }
         )
+    if lv("remapped_rows_failure"):
+        findings.append({"severity": "critical", "message": "row remapping failed: replace the GPU"})
+    elif lv("remapped_rows_pending"):
+        findings.append({"severity": "warning", "message": "row remap pending: reset the GPU when drained"})
+    if (lv("remapped_rows_uncorrectable_total") or 0) >= 512:
+        findings.append({"severity": "warning", "message": f"{lv('remapped_rows_uncorrectable_total')} uncorrectable remapped rows (≥ 512)"})
+    replays = store.series(gpu.id, start, end, ("pcie_replay_total",))
+    replays = [(r["ts"], r["pcie_replay_total"]) for r in replays if r["pcie_replay_total"] is not None]
+    replay_rate = None
+    if len(replays) >= 2 and replays[-1][1] >= replays[0][1] and replays[-1][0] > replays[0][0]:
+        replay_rate = (replays[-1][1] - replays[0][1]) / (replays[-1][0] - replays[0][0]) * 60
+        budget = REPLAY_BUDGET_PER_MINUTE.get(g.pcie_link_gen_max or 0)
+        if budget is not None and g.pcie_link_width_max:
+            budget = budget * g.pcie_link_width_max / 16
+            if replay_rate > budget:
+                findings.append({"severity": "warning", "message": f"PCIe replays {replay_rate:.1f}/min above the {budget:.0f}/min budget"})
+    pcie["replays_per_minute"] = replay_rate
+    xids = store.xid_events(gpu.id, start, end)
+    xid_counts: dict[int, int] = {}
+    for _, code in xids:
+        xid_counts[code] = xid_counts.get(code, 0) + 1
+    for code, count in sorted(xid_counts.items()):
+        findings.append({"severity": XID_SEVERITY.get(code, "info"), "message": f"XID {code} × {count} in the window"})
     mem_last, mem_total = lv("memory_used_bytes"), lv("memory_total_bytes") or g.memory_total_bytes
     if mem_last is not None and mem_total and mem_last / mem_total >= 0.95:
         findings.append({"severity": "warning", "message": f"memory {mem_last / mem_total:.0%} used"})
@@ -189,6 +223,12 @@ def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology
         "temperature": {"mean_celsius": stat("temperature_celsius", "mean"), "max_celsius": stat("temperature_celsius", "max")},
         "power": {"mean_watts": stat("power_watts", "mean"), "max_watts": stat("power_watts", "max")},
         "sm_clock": {"mean_hertz": stat("sm_clock_hertz", "mean"), "max_hertz": stat("sm_clock_hertz", "max")},
+        "remapped_rows": {
+            "uncorrectable": lv("remapped_rows_uncorrectable_total"),
+            "pending": lv("remapped_rows_pending"),
+            "failure": lv("remapped_rows_failure"),
+        },
+        "xid_counts": {str(k): v for k, v in sorted(xid_counts.items())},
         "findings": findings,
         "unknown": unknown,
     }
