@@ -49,6 +49,20 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+def read_all(backend, **kw: Any) -> tuple[NvmlSource, list]:
+    """Run an ``NvmlSource`` over a whole replay; returns the source and every tick's reading."""
+    from vgpumon.sources.nvml_backend import EndOfCapture
+
+    src = NvmlSource(backend, **kw)
+    src.start()
+    out = []
+    while True:
+        try:
+            out.append(src.sample())
+        except EndOfCapture:
+            return src, out
+
+
 def replay_into(url: str, backend: ReplayBackend | None = None, *, hostname: str = "h200-replay", **kw: Any) -> Agent:
     """Replay a capture (the H200 one by default) through agent → store; returns the agent."""
     source = NvmlSource(backend or ReplayBackend(H200_CAPTURE), **kw)

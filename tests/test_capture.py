@@ -5,22 +5,14 @@ from __future__ import annotations
 import gzip
 import json
 
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, read_all
 
-from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import EndOfCapture, RecordingBackend, ReplayBackend, read_capture
+from vgpumon.sources.nvml_backend import RecordingBackend, ReplayBackend, read_capture
 from vgpumon.testing import scenarios
 
 
 def _all_samples(backend) -> list:
-    src = NvmlSource(backend)
-    src.start()
-    out = []
-    while True:
-        try:
-            out.append(src.sample())
-        except EndOfCapture:
-            return out
+    return read_all(backend)[1]
 
 
 def test_rerecording_a_replay_reproduces_every_sample(tmp_path):

@@ -6,7 +6,7 @@ the agent or store a number that is not a reading.
 
 from __future__ import annotations
 
-from conftest import DATA, H200_CAPTURE, replay_into
+from conftest import DATA, H200_CAPTURE, read_all, replay_into
 
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import (
@@ -24,14 +24,7 @@ IDLE_FULL = DATA / "h200-idle-full.jsonl.gz"  # recorded with --slow-every 2
 
 
 def run(header, ticks, **kw):
-    src = NvmlSource(scenarios.backend(header, ticks), **kw)
-    src.start()
-    out = []
-    while True:
-        try:
-            out.append(src.sample())
-        except EndOfCapture:
-            return src, out
+    return read_all(scenarios.backend(header, ticks), **kw)
 
 
 def test_field_not_supported_is_none_and_not_asked_again(tmp_path):

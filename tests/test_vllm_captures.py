@@ -11,8 +11,8 @@ import pytest
 from vllm_support import expected, lifecycle_body, shared_dir, source
 
 from vgpumon.sources.vllm import ServerSample, ServerState, VllmProcess
-from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
 from vgpumon.sources.vllm.discovery import NoProcesses
+from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
 
 # expected.json of fixtures/vllm/ lists no model name for vllm-pr-28792.txt, but every sample of
 # that capture carries model_name="Qwen/Qwen3-VL-8B-Instruct" (eight pid-split series of one

@@ -242,7 +242,6 @@ class Agent:
             last_flush = start
             k = 0
             while not stop.is_set():
-                t0 = self.monotonic()
                 try:
                     reading: NvmlReading = await self._nvml(self.source.sample)
                 except EndOfCapture:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import Engine, and_, case, func, select, type_coerce
