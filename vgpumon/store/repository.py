@@ -7,22 +7,19 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Engine, and_, case, func, select, type_coerce
+from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample
+from vgpumon.store import partitions
+from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
 from vgpumon.store.engine import make_engine
-from vgpumon.store.schema import (
-    ACTIVITY_SOURCES,
-    SAMPLE_VALUE_COLUMNS,
-    Base,
-    Gpu,
-    GpuSampleRow,
-    Host,
-)
+from vgpumon.store.rollup import percentile
+from vgpumon.store.schema import TIME_TABLES, Gpu, GpuSampleRow, Host, gpu_samples_1m
 
 _SAMPLES = GpuSampleRow.__table__
+_ROLLUPS = gpu_samples_1m
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,10 @@ class Store:
             if not create and engine.dialect.name == "sqlite" and db and db != ":memory:" and not Path(db).expanduser().exists():
                 raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
         self.engine = engine
+        self.dialect = engine.dialect.name
         self._insert = _insert_ignoring_duplicates(engine, _SAMPLES)
+        #: (table, day ms) partitions known to exist (Postgres).
+        self._partitions: set[tuple[str, int]] = set()
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -73,11 +73,14 @@ class Store:
         return StoreUnavailableError(f"store {url} unavailable: {detail}")
 
     def init_schema(self) -> None:
-        """Create missing tables (idempotent)."""
-        try:
-            Base.metadata.create_all(self.engine)
-        except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
+        """Bring the schema to the newest revision (Alembic; under an advisory lock on Postgres).
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached or a migration fails.
+        """
+        from vgpumon.store.migrate import upgrade
+
+        upgrade(self.engine)
 
     def close(self) -> None:
         """Release pooled connections."""
@@ -127,24 +130,75 @@ class Store:
             raise self._fail(exc) from None
 
     @staticmethod
-    def sample_row(gpu_id: int, s: GpuSample) -> dict[str, Any]:
-        """The ``gpu_samples`` row of one sample (base units; the column types encode)."""
-        row = {name: getattr(s, name) for name in SAMPLE_VALUE_COLUMNS}
-        row["gpu_id"] = gpu_id
-        row["ts"] = s.ts
-        row["up"] = s.up
-        row["activity_source"] = ACTIVITY_SOURCES.get(s.activity_source) if s.activity_source else None
-        return row
+    def sample_row(gpu_id: int, s: GpuSample) -> GpuRow:
+        """The stored ``gpu_samples`` row of one sample (see ``codec.encode_gpu_sample``)."""
+        return encode_gpu_sample(gpu_id, s)
 
-    def write_gpu_rows(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Write sample rows in one transaction; rows already stored are skipped."""
-        if not rows:
+    def ensure_partitions(self, conn: Connection, table: str, days: Iterable[int]) -> None:
+        """Create the day partitions ``table`` needs for ``days`` (epoch ms) on Postgres; no-op on
+        SQLite. Known partitions are cached, so calling this per batch costs nothing."""
+        if self.dialect != "postgresql":
             return
+        missing = {d for d in days if (table, d) not in self._partitions}
+        if missing:
+            partitions.ensure(conn, table, missing)
+            conn.commit()  # DDL out of the way of the batch: a failed batch must not undo it
+            self._partitions.update((table, d) for d in missing)
+
+    def forget_partitions(self) -> None:
+        """Drop the partition cache (after retention dropped some)."""
+        self._partitions.clear()
+
+    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Postgres: ``COPY`` into a session-local staging table, then ``INSERT ... SELECT ... ON
+        CONFLICT DO NOTHING`` into ``table`` (COPY itself cannot skip duplicates). Measured on a
+        2-core machine: about 2× the rate of pipelined ``executemany`` (docs/benchmarks.md)."""
+        stage = f"_stage_{table}"
+        cols = ", ".join(f'"{c}"' for c in columns)
+        conn.exec_driver_sql(
+            f'CREATE TEMP TABLE IF NOT EXISTS "{stage}" (LIKE "{table}" INCLUDING DEFAULTS) ON COMMIT DELETE ROWS'
+        )
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cur:  # type: ignore[union-attr]
+            with cur.copy(f'COPY "{stage}" ({cols}) FROM STDIN') as copy:
+                for r in rows:
+                    copy.write_row(r)
+        conn.exec_driver_sql(f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING')
+
+    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
         try:
-            with self.engine.begin() as conn:
-                conn.execute(self._insert, list(rows))
+            with self.engine.connect() as conn:
+                self.ensure_partitions(conn, table, {partitions.day_of(r[TS]) for r in rows})
+                if self.dialect == "postgresql":
+                    self._copy_insert(conn, table, columns, rows)
+                else:
+                    marks = ", ".join("?" for _ in columns)
+                    cols = ", ".join(f'"{c}"' for c in columns)
+                    conn.exec_driver_sql(
+                        f'INSERT INTO "{table}" ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING', list(rows)
+                    )
+                conn.commit()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
+        except OSError as exc:  # psycopg raises plain OSErrors from a dead socket inside COPY
+            raise self._fail(exc) from None
+
+    def write_gpu_rows(self, rows: Sequence[GpuRow]) -> None:
+        """Write stored ``gpu_samples`` rows (``codec.GPU_ROW_COLUMNS`` order) in one transaction;
+        rows already stored are skipped, so a batch written twice is stored once.
+
+        Raises:
+            StoreUnavailableError: the database is unreachable, locked, full, ...; nothing of the
+                batch is stored then.
+        """
+        if rows:
+            self._insert_rows("gpu_samples", GPU_ROW_COLUMNS, rows)
+
+    def write_rollup_rows(self, rows: Sequence[RollupRow]) -> None:
+        """Write ``gpu_samples_1m`` rows (``codec.ROLLUP_ROW_COLUMNS`` order), skipping minutes
+        already summarised. Raises ``StoreUnavailableError`` like ``write_gpu_rows``."""
+        if rows:
+            self._insert_rows("gpu_samples_1m", ROLLUP_ROW_COLUMNS, rows)
 
     # -- reads ---------------------------------------------------------------------------------
 
