@@ -320,6 +320,137 @@ class Store:
         return [dict(r) for r in rows]
 
 
+    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+        """The newest row of each GPU (one PK seek per GPU on both engines).
+
+        Returns:
+            ``gpu_id`` → ``{"ts": seconds, <column>: value in base units or None}``; GPUs without
+            rows are absent.
+        """
+        c = _SAMPLES.c
+        out: dict[int, dict[str, Any]] = {}
+        try:
+            with self.engine.connect() as conn:
+                for gid in gpu_ids:
+                    row = conn.execute(
+                        select(c.ts, *(c[n] for n in columns)).where(c.gpu_id == gid).order_by(c.ts.desc()).limit(1)
+                    ).mappings().first()
+                    if row is not None:
+                        out[gid] = dict(row)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def window_percentiles(
+        self, gpu_id: int, start: float, end: float, columns: Sequence[str], quantiles: Sequence[float] = (0.5, 0.95, 0.99)
+    ) -> dict[str, dict[float, float | None]]:
+        """Percentiles of raw values over ``start <= ts <= end`` for one GPU.
+
+        Linear interpolation between closest ranks (Postgres ``percentile_cont``; on SQLite, which
+        has no percentile aggregate, the same definition in Python over the sorted column), NULLs
+        ignored.
+
+        Returns:
+            column → {quantile → value in base units, or ``None`` when the window has no value}.
+        """
+        c = _SAMPLES.c
+        where = and_(c.gpu_id == gpu_id, c.ts >= start, c.ts <= end)
+        out: dict[str, dict[float, float | None]] = {}
+        try:
+            with self.engine.connect() as conn:
+                for name in columns:
+                    col = c[name]
+                    if self.dialect == "postgresql":
+                        exprs = [
+                            type_coerce(func.percentile_cont(q).within_group(col), col.type).label(f"q{i}")
+                            for i, q in enumerate(quantiles)
+                        ]
+                        row = conn.execute(select(*exprs).where(where)).one()
+                        out[name] = {q: row[i] for i, q in enumerate(quantiles)}
+                    else:
+                        values = conn.execute(
+                            select(type_coerce(col, _SAMPLES.c.gpu_id.type)).where(and_(where, col.is_not(None))).order_by(col)
+                        ).scalars().all()
+                        decode = col.type.process_result_value if hasattr(col.type, "process_result_value") else None
+                        res: dict[float, float | None] = {}
+                        for q in quantiles:
+                            if not values:
+                                res[q] = None
+                                continue
+                            v = percentile(values, q)
+                            res[q] = decode(v, self.engine.dialect) if decode else v
+                        out[name] = res
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def rollup_series(self, gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """1-minute rollup rows over ``start <= minute start <= end``, oldest first: the series for
+        a trend over days (memory leak slope, PCIe p95 for capacity).
+
+        Args:
+            columns: rollup columns, e.g. ``("memory_used_bytes_max", "pcie_rx_bytes_per_second_p95")``;
+                ``ts`` (minute start, seconds), ``samples`` and ``folded_samples`` always come along.
+        """
+        c = _ROLLUPS.c
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(c.ts, c.samples, c.folded_samples, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id == gpu_id, c.ts >= start, c.ts <= end))
+                    .order_by(c.ts)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [dict(r) for r in rows]
+
+    def table_stats(self) -> list[dict[str, Any]]:
+        """Rows, bytes on disk, oldest and newest ``ts`` of each time table (``vgpumon db stats``).
+
+        Returns:
+            One dict per table: ``table``, ``rows``, ``bytes`` (table and its indexes; all
+            partitions on Postgres; ``None`` where the engine cannot tell), ``oldest``/``newest``
+            (epoch seconds, ``None`` when empty), ``partitions`` (Postgres, else ``None``) and, for
+            ``gpu_samples_1m``, ``folded_samples`` (raw ticks kept only as rollups).
+        """
+        out: list[dict[str, Any]] = []
+        try:
+            with self.engine.connect() as conn:
+                sizes: dict[str, int] = {}
+                if self.dialect == "sqlite":
+                    try:
+                        for tbl, size in conn.exec_driver_sql(
+                            "SELECT m.tbl_name, sum(d.pgsize) FROM dbstat d JOIN sqlite_master m ON m.name = d.name GROUP BY m.tbl_name"
+                        ):
+                            sizes[tbl] = int(size)
+                    except SQLAlchemyError:  # SQLite built without SQLITE_ENABLE_DBSTAT_VTAB
+                        sizes = {}
+                for table in TIME_TABLES:
+                    rows, oldest, newest = conn.execute(text(f'SELECT count(*), min(ts), max(ts) FROM "{table}"')).one()
+                    item: dict[str, Any] = {
+                        "table": table,
+                        "rows": int(rows),
+                        "bytes": sizes.get(table),
+                        "oldest": None if oldest is None else oldest / 1000.0,
+                        "newest": None if newest is None else newest / 1000.0,
+                        "partitions": None,
+                    }
+                    if self.dialect == "postgresql":
+                        parts = partitions.list_partitions(conn, table)
+                        item["partitions"] = len(parts)
+                        item["bytes"] = int(
+                            conn.scalar(
+                                text("SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(CAST(:t AS regclass))"),
+                                {"t": table},
+                            )
+                        )
+                    if table == "gpu_samples_1m":
+                        item["folded_samples"] = int(conn.scalar(text("SELECT coalesce(sum(folded_samples), 0) FROM gpu_samples_1m")))
+                    out.append(item)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
 def open_store(url: str) -> Store:
     """Open (and create if needed) the store at ``url``; raises ``StoreUnavailableError``."""
     store = Store(url)
