@@ -49,15 +49,18 @@ class Store:
         engine: an existing engine instead of ``url`` (tests).
         create: allow creating a new SQLite file; readers pass False so that a mistyped path
             reports "no store" instead of creating an empty one.
+        busy_timeout_ms: SQLite: how long a write waits for a lock held by another writer.
 
     Every method raises ``StoreUnavailableError`` when the database cannot be reached or queried.
     """
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None, create: bool = True) -> None:
+    def __init__(
+        self, url: str | None = None, *, engine: Engine | None = None, create: bool = True, busy_timeout_ms: int = 5000
+    ) -> None:
         if engine is None:
             if url is None:
                 raise ValueError("Store needs a URL or an engine")
-            engine = make_engine(url, create_dirs=create)
+            engine = make_engine(url, create_dirs=create, busy_timeout_ms=busy_timeout_ms)
             db = engine.url.database
             if not create and engine.dialect.name == "sqlite" and db and db != ":memory:" and not Path(db).expanduser().exists():
                 raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
@@ -451,8 +454,9 @@ class Store:
             raise self._fail(exc) from None
         return out
 
-def open_store(url: str) -> Store:
-    """Open (and create if needed) the store at ``url``; raises ``StoreUnavailableError``."""
-    store = Store(url)
+def open_store(url: str, **kw: Any) -> Store:
+    """Open (create if needed) the store at ``url`` and bring its schema to the newest revision;
+    ``kw`` go to ``Store``. Raises ``StoreUnavailableError``."""
+    store = Store(url, **kw)
     store.init_schema()
     return store

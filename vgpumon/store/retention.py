@@ -171,8 +171,8 @@ class Retention:
                 oldest = conn.scalar(text("SELECT min(ts) FROM gpu_samples WHERE gpu_id = :g"), {"g": gpu_id})
                 if oldest is not None:
                     safe = min(safe, int(oldest))
-            else:
-                safe = min(safe, int(wm))
+            elif conn.scalar(text("SELECT 1 FROM gpu_samples WHERE gpu_id = :g AND ts >= :w LIMIT 1"), {"g": gpu_id, "w": wm}):
+                safe = min(safe, int(wm))  # rows past the watermark wait for their rollup
         return safe
 
     def _prune(self, conn: Connection, now: int, res: StepResult) -> None:
