@@ -169,11 +169,19 @@ class Store:
         conn.exec_driver_sql(f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING')
 
     def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
         try:
             with self.engine.connect() as conn:
                 self.ensure_partitions(conn, table, {partitions.day_of(r[TS]) for r in rows})
                 if self.dialect == "postgresql":
-                    self._copy_insert(conn, table, columns, rows)
+                    try:
+                        self._copy_insert(conn, table, columns, rows)
+                    except dbapi_error as exc:
+                        # COPY runs on the driver connection, outside SQLAlchemy's error
+                        # handling: a server that went away mid-COPY leaves a dead connection
+                        # that must not go back to the pool.
+                        conn.invalidate()
+                        raise self._fail(exc) from None
                 else:
                     marks = ", ".join("?" for _ in columns)
                     cols = ", ".join(f'"{c}"' for c in columns)
@@ -182,8 +190,6 @@ class Store:
                     )
                 conn.commit()
         except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
-        except OSError as exc:  # psycopg raises plain OSErrors from a dead socket inside COPY
             raise self._fail(exc) from None
 
     def write_gpu_rows(self, rows: Sequence[GpuRow]) -> None:

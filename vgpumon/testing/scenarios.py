@@ -8,6 +8,8 @@ of the transformations below, so every value a test sees was once answered by a 
   capture).
 * ``fail_call(fn, code, from_tick, devices)`` — from tick ``from_tick`` on, ``fn`` answers the NVML
   error ``code`` on ``devices`` (a lost GPU: ``fail_call("*", NVML_ERROR_GPU_IS_LOST, ...)``).
+* ``repeat(times)`` — play the capture's ticks ``times`` times in a row, each pass shifted in time
+  by the capture's span plus one interval (a longer run from a short capture).
 """
 
 from __future__ import annotations
@@ -73,6 +75,19 @@ def fail_call(
             calls.append([scope, f, args, kwargs, outcome])
         out.append({**tick, "calls": calls})
     return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, out
+
+
+def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, Any], Ticks]:
+    """The capture's ticks ``times`` times in a row (see module docstring); init block kept once."""
+    init = [t for t in ticks if t["tick"] < 0]
+    body = [t for t in ticks if t["tick"] >= 0]
+    interval = float(header.get("interval_s") or 1.0)
+    span = body[-1]["ts"] - body[0]["ts"] + interval
+    out = list(init)
+    for k in range(times):
+        for t in body:
+            out.append({**t, "tick": len(out) - len(init), "ts": t["ts"] + k * span})
+    return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, out
 
 
 def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBackend:
