@@ -253,3 +253,37 @@ def test_full_buffer_folds_oldest_ticks_into_rollups_and_counts_them(tmp_path):
     assert folded == agent.stats.rows_folded
     assert raw + folded == agent.stats.ticks * 8
     assert raw < agent.stats.ticks * 8
+
+
+def test_a_batch_written_twice_or_overlapping_is_stored_once(db_url, store_of):
+    """A spool file replayed after a crash between commit and delete, or a capture replayed
+    again: the write path skips stored rows (Postgres falls back from COPY to ON CONFLICT)."""
+    from vgpumon.model import GpuIdentity
+    from vgpumon.store.codec import encode_gpu_sample
+
+    agent = replay_into(db_url)
+    store = store_of(db_url)
+    store.init_schema()
+    (gpu,) = store.gpus_of("h200-replay")
+    rows = store.series(gpu.id, 0, 2e9, ("power_watts",))
+    other = store.register_gpus("h200-replay", [GpuIdentity(index=1, uuid="GPU-other")])["GPU-other"]
+    from vgpumon.model import GpuSample
+
+    again = [encode_gpu_sample(gpu.id, GpuSample(ts=r["ts"], uuid="x", index=0, power_watts=1.0)) for r in rows[:10]]
+    fresh = [encode_gpu_sample(other, GpuSample(ts=r["ts"], uuid="GPU-other", index=1, power_watts=2.0)) for r in rows[:10]]
+    store.write_gpu_rows(again + fresh)
+    store.write_gpu_rows(fresh)
+    assert _count(db_url, "SELECT count(*) FROM gpu_samples") == agent.stats.ticks + 10
+    assert store.series(gpu.id, 0, 2e9, ("power_watts",)) == rows  # stored values untouched
+
+
+def test_window_aggregates_for_many_gpus_equal_the_per_gpu_ones(db_url, store_of):
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 3)
+    replay_into(db_url, scenarios.backend(header, ticks))
+    store = store_of(db_url)
+    ids = [g.id for g in store.gpus_of("h200-replay")]
+    cols = ("sm_active_ratio", "power_watts", "memory_used_bytes")
+    many = store.window_aggregates_many(ids + [999], 0, 2e9, cols)
+    for g in ids:
+        assert many[g] == store.window_aggregates(g, 0, 2e9, cols)
+    assert many[999]["samples"] == 0 and many[999]["power_watts_mean"] is None

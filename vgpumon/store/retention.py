@@ -27,6 +27,7 @@ from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS
 from vgpumon.store.repository import Store
 from vgpumon.store.rollup import MINUTE_MS, minute_of, rollup_rows
+from vgpumon.store.schema import TIME_TABLES, Base
 
 DEFAULT_RAW_RETENTION_S = 72 * 3600.0
 DEFAULT_ROLLUP_RETENTION_S = 90 * 86400.0
@@ -34,8 +35,6 @@ _COLS = ", ".join(f'"{c}"' for c in GPU_ROW_COLUMNS)
 _ROLLUP_INSERT = "INSERT INTO gpu_samples_1m ({}) VALUES ({}) ON CONFLICT DO NOTHING".format(
     ", ".join(f'"{c}"' for c in ROLLUP_ROW_COLUMNS), ", ".join(f":c{i}" for i in range(len(ROLLUP_ROW_COLUMNS)))
 )
-#: raw time tables without rollups: pruned by the raw window alone.
-_RAW_ONLY = ("host_samples", "gpu_process_samples")
 
 
 @dataclass
@@ -96,7 +95,7 @@ class Retention:
             with self.store.engine.connect() as conn:
                 if conn.dialect.name == "postgresql":
                     today = partitions.day_of(now)
-                    for table in ("gpu_samples", "host_samples", "gpu_process_samples", "gpu_samples_1m"):
+                    for table in TIME_TABLES:
                         res.partitions_created += partitions.ensure(
                             conn, table, [today + k * partitions.DAY_MS for k in range(3)]
                         )
@@ -178,7 +177,7 @@ class Retention:
     def _prune(self, conn: Connection, now: int, res: StepResult) -> None:
         raw_cutoff = now - self.raw_retention_ms
         targets = [("gpu_samples", self._raw_safe_until(conn, raw_cutoff))]
-        targets += [(t, raw_cutoff) for t in _RAW_ONLY]
+        targets += [(t, raw_cutoff) for t in TIME_TABLES if t not in {"gpu_samples", "gpu_samples_1m"}]
         targets.append(("gpu_samples_1m", now - self.rollup_retention_ms))
         for table, until in targets:
             if conn.dialect.name == "postgresql":
@@ -186,8 +185,9 @@ class Retention:
                 res.partitions_dropped += dropped
                 res.more |= len(dropped) == 2
                 continue
-            key = "host_id" if table == "host_samples" else "gpu_id"
-            owners = "hosts" if table == "host_samples" else "gpus"
+            key = TIME_TABLES[table]
+            (fk,) = Base.metadata.tables[table].c[key].foreign_keys
+            owners = fk.column.table.name
             for owner in conn.scalars(text(f"SELECT id FROM {owners} ORDER BY id")).all():
                 # the ts of the max_delete_rows-th oldest row bounds this step's delete (PK seek)
                 bound = conn.scalar(

@@ -385,5 +385,12 @@ class RollupWatermark(Base):
     rolled_until: Mapped[float] = mapped_column(EpochMillis)
 
 
-#: Time tables: (table name, raw or rollup). Partitioned by day on Postgres.
-TIME_TABLES: tuple[str, ...] = ("gpu_samples", "host_samples", "gpu_process_samples", "gpu_samples_1m")
+#: Time tables → the column of their owner (a foreign key, first in the primary key, then ``ts``).
+#: Partitioned by day on Postgres; pruned by ``vgpumon.store.retention`` (``gpu_samples`` only
+#: once rolled up, ``gpu_samples_1m`` by the rollup window, the others by the raw window).
+TIME_TABLES: dict[str, str] = {
+    "gpu_samples": "gpu_id",
+    "host_samples": "host_id",
+    "gpu_process_samples": "gpu_id",
+    "gpu_samples_1m": "gpu_id",
+}
