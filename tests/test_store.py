@@ -15,9 +15,11 @@ from conftest import H200_CAPTURE, replay_into
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
+from vgpumon.model import GpuIdentity, GpuSample
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import read_capture
 from vgpumon.store import open_store
+from vgpumon.store.codec import encode_gpu_sample
 from vgpumon.store.engine import make_engine
 from vgpumon.store.migrate import current_revision, head_revision, upgrade
 from vgpumon.store.retention import Retention
@@ -258,17 +260,11 @@ def test_full_buffer_folds_oldest_ticks_into_rollups_and_counts_them(tmp_path):
 def test_a_batch_written_twice_or_overlapping_is_stored_once(db_url, store_of):
     """A spool file replayed after a crash between commit and delete, or a capture replayed
     again: the write path skips stored rows (Postgres falls back from COPY to ON CONFLICT)."""
-    from vgpumon.model import GpuIdentity
-    from vgpumon.store.codec import encode_gpu_sample
-
     agent = replay_into(db_url)
     store = store_of(db_url)
-    store.init_schema()
     (gpu,) = store.gpus_of("h200-replay")
     rows = store.series(gpu.id, 0, 2e9, ("power_watts",))
     other = store.register_gpus("h200-replay", [GpuIdentity(index=1, uuid="GPU-other")])["GPU-other"]
-    from vgpumon.model import GpuSample
-
     again = [encode_gpu_sample(gpu.id, GpuSample(ts=r["ts"], uuid="x", index=0, power_watts=1.0)) for r in rows[:10]]
     fresh = [encode_gpu_sample(other, GpuSample(ts=r["ts"], uuid="GPU-other", index=1, power_watts=2.0)) for r in rows[:10]]
     store.write_gpu_rows(again + fresh)

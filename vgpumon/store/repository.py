@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -314,7 +316,8 @@ class Store:
 
         On Postgres this reads each partition once (in parallel workers) instead of once per GPU:
         a tick's rows of all GPUs share heap pages, so per-GPU queries read every page 8 times on
-        an 8-GPU host (docs/benchmarks.md: 1.7 s → 0.5 s for 72 h of 8 GPUs).
+        an 8-GPU host. On SQLite the GPUs are split over one connection per core. Figures for
+        72 h of 8 GPUs are in docs/benchmarks.md.
 
         Returns:
             ``gpu_id`` → the dict ``window_aggregates`` returns; GPUs without rows in the window
@@ -326,11 +329,26 @@ class Store:
             col = c[name]
             exprs.append(type_coerce(func.avg(col), col.type).label(f"{name}_mean"))
             exprs.append(type_coerce(func.max(col), col.type).label(f"{name}_max"))
-        try:
+
+        def query(ids: Sequence[int]) -> list[Any]:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(*exprs).where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= start, c.ts <= end)).group_by(c.gpu_id)
-                ).mappings().all()
+                return list(
+                    conn.execute(
+                        select(*exprs).where(and_(c.gpu_id.in_(list(ids)), c.ts >= start, c.ts <= end)).group_by(c.gpu_id)
+                    ).mappings().all()
+                )
+
+        try:
+            workers = min(len(gpu_ids), os.cpu_count() or 1)
+            if self.dialect == "sqlite" and workers > 1:
+                # SQLite runs a query on one core; its module releases the GIL while it steps,
+                # and WAL lets readers run side by side: one connection per core halves the
+                # time on 2 cores (docs/benchmarks.md).
+                chunks = [list(gpu_ids)[i::workers] for i in range(workers)]
+                with ThreadPoolExecutor(workers, thread_name_prefix="vgpumon-read") as pool:
+                    rows = [r for part in pool.map(query, chunks) for r in part]
+            else:
+                rows = query(gpu_ids)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         empty = {"samples": 0, "up_samples": None, **{f"{n}_{k}": None for n in columns for k in ("mean", "max")}}
