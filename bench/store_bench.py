@@ -275,7 +275,12 @@ def main() -> None:
 
     samples = h200_samples()
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "sqlite": sqlite3.sqlite_version},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version,
+            "loadavg_1m_5m_15m_at_start": os.getloadavg(),
+        },
         "encode_seconds_per_row": encode_cost(samples),
     }
     with tempfile.TemporaryDirectory() as d:
@@ -293,6 +298,8 @@ def main() -> None:
         results["postgres_ingest"] = ingest_postgres(samples, args.postgres, args.ingest_ticks)
         print("postgres size/query ...", file=sys.stderr)
         results["postgres_history"] = size_and_query(samples, args.postgres, args.hours)
+    # the machine may be shared: the load average says whether other work competed for the cores
+    results["machine"]["loadavg_1m_5m_15m_at_end"] = os.getloadavg()
     text_out = json.dumps(results, indent=2)
     print(text_out)
     if args.out:
