@@ -220,6 +220,8 @@ class Agent:
                 gpu_ids = await asyncio.get_running_loop().run_in_executor(
                     self._store_exec, self.store.register_gpus, self.hostname, gpus
                 )
+                if self.retention is not None:
+                    self.retention.active_gpus = set(gpu_ids.values())
                 if len(self.backlog):
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
             start = self.monotonic()

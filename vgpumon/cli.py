@@ -14,12 +14,15 @@ import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from vgpumon import __version__
 from vgpumon.errors import ExitCode, StoreUnavailableError, VgpumonError
+
+if TYPE_CHECKING:
+    from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
 
@@ -196,7 +199,7 @@ db_app = typer.Typer(
 app.add_typer(db_app)
 
 
-def _open_for_db(db: Optional[str], *, create: bool) -> "object":
+def _open_for_db(db: Optional[str], *, create: bool) -> "Store":
     from vgpumon.config import default_db_url
     from vgpumon.store import Store
 
@@ -218,11 +221,11 @@ def db_upgrade(db: DbOption = None) -> None:
 
     store = _open_for_db(db, create=True)
     try:
-        before, after = upgrade(store.engine)  # type: ignore[attr-defined]
+        before, after = upgrade(store.engine)
     except StoreUnavailableError as exc:
         raise StoreStartError(str(exc)) from None
     finally:
-        store.close()  # type: ignore[attr-defined]
+        store.close()
     typer.echo(f"store schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
 
 
@@ -243,11 +246,11 @@ def db_prune(
     raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
     store = _open_for_db(db, create=False)
     try:
-        res = Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s).run()  # type: ignore[arg-type]
+        res = Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s).run()
     except StoreUnavailableError as exc:
         raise StoreStartError(str(exc)) from None
     finally:
-        store.close()  # type: ignore[attr-defined]
+        store.close()
     out = {
         "minutes_rolled_up": res.minutes_rolled_up,
         "rows_deleted": res.rows_deleted,
@@ -274,11 +277,11 @@ def db_stats(
 
     store = _open_for_db(db, create=False)
     try:
-        tables = store.table_stats()  # type: ignore[attr-defined]
+        tables = store.table_stats()
     except StoreUnavailableError as exc:
         raise StoreStartError(str(exc)) from None
     finally:
-        store.close()  # type: ignore[attr-defined]
+        store.close()
     if as_json:
         typer.echo(json.dumps({"tables": tables}, indent=2))
         return

@@ -11,7 +11,10 @@
    rows per table on SQLite.
 
 A minute is complete when the GPU has a raw row after it (the agent writes in time order, spool
-replays included), or when the minute ended ``stale_after`` ago (a GPU that stopped reporting).
+replays included). The newest minute of a GPU that stopped reporting is closed ``stale_after``
+later: for a GPU of the running agent (``active_gpus``) "later" is measured on the data of the
+agent's other GPUs (a replayed capture or a spool replay runs in the data's time, not the wall
+clock's); for any other GPU, on the wall clock.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Retention:
         max_minutes: minutes rolled up per GPU per step.
         max_delete_rows: rows deleted per table per step (SQLite).
         stale_after: seconds after which the newest minute of a silent GPU is rolled up anyway.
+        active_gpus: ``gpus.id`` of the GPUs the calling agent is writing (see module docstring);
+            the agent sets it after registering its GPUs.
         clock: wall clock, epoch seconds (``time.time``).
     """
 
@@ -72,6 +77,7 @@ class Retention:
         max_delete_rows: int = 20_000,
         stale_after: float = 600.0,
         clock: Callable[[], float] = time.time,
+        active_gpus: set[int] | None = None,
     ) -> None:
         if rollup_retention_s < raw_retention_s:
             raise ValueError("rollups must be kept at least as long as raw rows")
@@ -82,6 +88,7 @@ class Retention:
         self.max_delete_rows = max_delete_rows
         self.stale_after_ms = int(stale_after * 1000)
         self.clock = clock
+        self.active_gpus: set[int] = set(active_gpus or ())
 
     def step(self) -> StepResult:
         """Do one bounded step of partition upkeep, rollups and pruning.
@@ -100,8 +107,13 @@ class Retention:
                             conn, table, [today + k * partitions.DAY_MS for k in range(3)]
                         )
                     conn.commit()
+                active_newest = None
+                if self.active_gpus:
+                    active_newest = conn.scalar(
+                        text("SELECT max(ts) FROM gpu_samples WHERE gpu_id IN ({})".format(",".join(str(int(g)) for g in self.active_gpus)))
+                    )
                 for gpu_id in conn.scalars(text("SELECT id FROM gpus ORDER BY id")).all():
-                    n, more = self._rollup_gpu(conn, gpu_id, now)
+                    n, more = self._rollup_gpu(conn, gpu_id, now, active_newest)
                     res.minutes_rolled_up += n
                     res.more |= more
                     conn.commit()
@@ -128,7 +140,7 @@ class Retention:
 
     # -- rollups -------------------------------------------------------------------------------
 
-    def _rollup_gpu(self, conn: Connection, gpu_id: int, now: int) -> tuple[int, bool]:
+    def _rollup_gpu(self, conn: Connection, gpu_id: int, now: int, active_newest: int | None) -> tuple[int, bool]:
         wm = conn.scalar(text("SELECT rolled_until FROM rollup_watermarks WHERE gpu_id = :g"), {"g": gpu_id})
         newest = conn.scalar(text("SELECT max(ts) FROM gpu_samples WHERE gpu_id = :g"), {"g": gpu_id})
         if newest is None:
@@ -138,8 +150,10 @@ class Retention:
             wm = minute_of(int(oldest))
         newest = int(newest)
         complete_until = minute_of(newest)  # minutes before the newest row's are complete
-        if minute_of(newest) + MINUTE_MS + self.stale_after_ms <= now:
-            complete_until = minute_of(newest) + MINUTE_MS  # a silent GPU: close its last minute
+        # a silent GPU: close its last minute (measured in data time for the agent's own GPUs)
+        reference = (active_newest or 0) if gpu_id in self.active_gpus else now
+        if minute_of(newest) + MINUTE_MS + self.stale_after_ms <= reference:
+            complete_until = minute_of(newest) + MINUTE_MS
         if complete_until <= wm:
             return 0, False
         until = min(complete_until, wm + self.max_minutes * MINUTE_MS)
