@@ -33,16 +33,6 @@ class StoredGpu:
     identity: GpuIdentity
 
 
-def _insert_ignoring_duplicates(engine: Engine, table: Any) -> Any:
-    """``INSERT ... ON CONFLICT DO NOTHING``: a tick written twice (a retried batch, a replay run
-    again) is stored once."""
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
-
-
 class Store:
     """The time-series store.
 
@@ -68,7 +58,6 @@ class Store:
                 raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
         self.engine = engine
         self.dialect = engine.dialect.name
-        self._insert = _insert_ignoring_duplicates(engine, _SAMPLES)
         #: (table, day ms) partitions known to exist (Postgres).
         self._partitions: set[tuple[str, int]] = set()
 
