@@ -92,8 +92,9 @@ class Backlog:
 
     def _load(self) -> None:
         assert self.spool_dir is not None
+        if not self.spool_dir.exists():
+            return  # created on first use: an agent whose store never fails leaves no directory
         try:
-            self.spool_dir.mkdir(parents=True, exist_ok=True)
             names = sorted(p for p in self.spool_dir.iterdir() if p.suffix == ".json")
         except OSError as exc:
             log.error("spool %s unusable (%s): the backlog stays in memory", self.spool_dir, exc)
