@@ -96,3 +96,32 @@ def test_gpu_without_gpm_is_labelled_utilization_proxy(tmp_path):
     assert out.returncode == 0
     assert "GPU util (proxy: no GPM, not SM activity)" in out.stdout
     assert "N/A (no GPM on this GPU" in out.stdout
+
+
+def test_db_commands_upgrade_stats_and_prune(tmp_path):
+    """What an operator types: upgrade an empty store, see what an agent stored, prune it with a
+    short raw window (the capture is older than a minute): the raw rows become 1-minute rollups."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    up = run("db", "upgrade", "--db", url)
+    assert up.returncode == 0 and "store schema at" in up.stdout
+    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url, "--spool", str(tmp_path / "spool")).returncode == 0
+    stats = json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"]
+    raw = next(t for t in stats if t["table"] == "gpu_samples")
+    assert raw["rows"] > 60 and raw["bytes"] > 0 and raw["oldest"] < raw["newest"]
+    pruned = run("db", "prune", "--db", url, "--raw-retention", "1s", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["rows_deleted"] == raw["rows"]
+    after = {t["table"]: t for t in json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"]}
+    assert after["gpu_samples"]["rows"] == 0
+    assert 2 <= after["gpu_samples_1m"]["rows"] <= 3 and after["gpu_samples_1m"]["folded_samples"] == 0
+    text = run("db", "stats", "--db", url).stdout
+    assert "gpu_samples_1m" in text and "oldest (UTC)" in text
+
+
+def test_db_commands_on_an_unreachable_store_exit_69_with_one_line():
+    out = run("db", "stats", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    assert out.returncode == 69
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert run("db", "prune", "--raw-retention", "2d", "--rollup-retention", "1d").returncode == 64

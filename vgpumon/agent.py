@@ -5,6 +5,13 @@ tick and a slow NVML call never blocks the event loop. Rows are written in batch
 (one transaction each): a tick is either stored completely or not yet. On stop (SIGINT, SIGTERM,
 ``--duration`` reached, end of a replayed capture) the tick in progress completes and every pending
 row is written before the process exits.
+
+Nothing lost: a batch the store refuses (unreachable, locked, disk full) goes to the backlog
+(``vgpumon.store.spool``: a spool on disk, else a bounded buffer in memory) and, while a backlog
+exists, so does every newer batch; each flush then replays the backlog oldest first until the store
+takes it again. One log line when an outage starts and one when it ends. The store thread is the
+only writer (SQLite allows one); it also runs the retention job (rollups, pruning) in small steps
+between batches, never while a backlog waits.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.repository import TickRows
+from vgpumon.store.spool import EXTRA, RAW, ROLLUP, Backlog
 
 if TYPE_CHECKING:
     from vgpumon.sources.vllm import ServerSample, VllmSource
+    from vgpumon.store.retention import Retention
     from vgpumon.store.vllm_repository import VllmRepository
 
 log = logging.getLogger(__name__)
@@ -33,12 +42,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AgentStats:
-    """What a run did: ticks sampled, rows written, rows still pending at exit (0 unless the
-    store was unreachable at shutdown)."""
+    """What a run did.
+
+    Attributes:
+        ticks: ticks sampled.
+        rows_written: GPU rows committed to the store (spooled rows of earlier runs included).
+        rows_pending: rows held in memory at exit: lost (0 unless store and spool both failed).
+        rows_spooled: rows left in the spool at exit; the next run replays them.
+        rows_folded: raw ticks folded into 1-minute rollups because a backlog bound was reached
+            (their full resolution is lost; the rollups are stored).
+        outages: times the store became unreachable.
+        gpus: GPUs found.
+    """
 
     ticks: int = 0
     rows_written: int = 0
     rows_pending: int = 0
+    rows_spooled: int = 0
+    rows_folded: int = 0
+    outages: int = 0
     gpus: int = 0
     vllm_samples: int = 0
 
@@ -65,6 +87,11 @@ class Agent:
         vllm: the vLLM source, polled by its own task at its own interval (``None``: no vLLM).
             It sees every snapshot (GPU processes and activity); its samples are written through
             the same store thread. A slow or broken server never delays an NVML tick.
+        backlog: where batches wait while the store is away; default: memory only, 8 GPU-hours
+            of rows (``vgpumon agent`` passes a spool).
+        retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
+            of wall time; ``None`` runs none.
+        maintenance_every: seconds between retention steps.
     """
 
     def __init__(
@@ -82,6 +109,9 @@ class Agent:
         host: HostSource | None = None,
         sysfs_root: str | None = None,
         vllm: VllmSource | None = None,
+        backlog: Backlog | None = None,
+        retention: "Retention | None" = None,
+        maintenance_every: float = 30.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -103,7 +133,13 @@ class Agent:
         self._host_id: int | None = None
         self._registered: tuple[Any, ...] = ()
         self._writer: asyncio.Task[None] | None = None
-        self._outage = False
+        self.backlog = backlog if backlog is not None else Backlog(None)
+        self.retention = retention
+        self.maintenance_every = maintenance_every
+        self._last_maintenance = monotonic()
+        self._outage_since: float | None = None
+        self._outage_rows = 0
+        self._folded_at_outage = 0
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
@@ -111,23 +147,89 @@ class Agent:
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
-    async def _write(self, batch: list[TickRows]) -> None:
+    # -- store thread ----------------------------------------------------------------------------
+
+    def _outage_begins(self, exc: StoreUnavailableError, where: str) -> None:
+        if self._outage_since is None:  # one line per outage, not one per batch
+            self._outage_since = self.monotonic()
+            self._outage_rows = 0
+            self._folded_at_outage = self.backlog.folded_rows
+            self.stats.outages += 1
+            log.error("%s; holding ticks in the %s until it returns", exc, where)
+
+    def _enqueue(self, gpu: list[tuple[Any, ...]], extra: list[TickRows]) -> str:
+        """Put what a batch could not store at the new end of the backlog; returns where the GPU
+        rows went (``"spool"`` or ``"memory"``)."""
+        where = self.backlog.append(RAW, gpu) if gpu else "spool"
+        if extra:
+            self.backlog.append(EXTRA, extra)
+        self._outage_rows += len(gpu)
+        return where
+
+    def _persist(self, batch: list[TickRows]) -> None:
+        """Store a batch of ticks, or queue it behind the backlog; then replay the backlog oldest
+        first. GPU rows (encoded tuples, COPY on Postgres) and the tick's other rows (host samples,
+        XID events, GPU processes) are written one after the other. Runs on the store thread."""
         assert self.store is not None
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._store_exec, self.store.write_ticks, batch)
-        except StoreUnavailableError as exc:
-            if not self._outage:  # one line per outage, not one per batch
-                log.error("%s; keeping samples in memory and retrying", exc)
-                self._outage = True
-            self._pending[:0] = batch  # keep tick order for the retry
+        gpu = [r for t in batch for r in t.get("gpu_samples", ())]
+        extra: list[TickRows] = [e for e in ({k: v for k, v in t.items() if k != "gpu_samples" and v} for t in batch) if e]
+        if gpu or extra:
+            if len(self.backlog) == 0:
+                try:
+                    if gpu:
+                        self.store.write_gpu_rows(gpu)
+                        self.stats.rows_written += len(gpu)
+                        gpu = []
+                    if extra:
+                        self.store.write_extra_rows(extra)
+                        extra = []
+                except StoreUnavailableError as exc:
+                    where = self._enqueue(gpu, extra)
+                    self._outage_begins(exc, "spool" if where == "spool" else "memory buffer")
+                    return
+            else:
+                self._enqueue(gpu, extra)
+        while (entry := self.backlog.peek()) is not None:
+            try:
+                if entry.kind == ROLLUP:
+                    self.store.write_rollup_rows(entry.rows)
+                elif entry.kind == EXTRA:
+                    self.store.write_extra_rows(entry.rows)
+                else:
+                    self.store.write_gpu_rows(entry.rows)
+                    self.stats.rows_written += len(entry.rows)
+            except StoreUnavailableError as exc:
+                self._outage_begins(exc, "spool")
+                return
+            self.backlog.ack(entry)
+        if self._outage_since is not None:
+            folded = self.backlog.folded_rows - self._folded_at_outage
+            log.warning(
+                "store reachable again after %.0f s: replayed %d held rows in order%s",
+                self.monotonic() - self._outage_since,
+                self._outage_rows,
+                f"; {folded} raw ticks were kept only as 1-minute rollups (buffer bound reached)" if folded else "",
+            )
+            self._outage_since = None
+        self._maintain()
+
+    def _maintain(self) -> None:
+        if self.retention is None or self.monotonic() - self._last_maintenance < self.maintenance_every:
             return
-        self.stats.rows_written += sum(len(t.get("gpu_samples", ())) for t in batch)
-        if self._outage:
-            log.warning("store reachable again; wrote %d held ticks", len(batch))
-            self._outage = False
+        self._last_maintenance = self.monotonic()
+        try:
+            res = self.retention.step()
+        except StoreUnavailableError as exc:
+            log.warning("retention step skipped: %s", exc)
+            return
+        if res.rows_deleted or res.partitions_dropped:
+            log.info("retention: %d rows deleted, partitions dropped: %s", res.rows_deleted, res.partitions_dropped)
+
+    async def _write(self, batch: list[TickRows]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._store_exec, self._persist, batch)
 
     def _flush(self) -> None:
-        if self.store is None or not self._pending:
+        if self.store is None or (not self._pending and len(self.backlog) == 0):
             return
         if self._writer is not None and not self._writer.done():
             return  # the next flush takes these rows along
@@ -148,6 +250,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._gpu_ids = await loop.run_in_executor(self._store_exec, self.store.register_gpus, self.hostname, self.source.gpus)
         self._host_id = await loop.run_in_executor(self._store_exec, self.store.host_id, self.hostname)
+        if self.retention is not None:
+            self.retention.active_gpus = set(self._gpu_ids.values())
         if self.sysfs_root is not None and self._host_id is not None:
             from vgpumon.sources.pcie_topology import read_topology
 
@@ -235,6 +339,9 @@ class Agent:
             gpus = await self._nvml(self.source.start)
             self.stats.gpus = len(gpus)
             await self._register()
+            if self.store is not None:
+                if len(self.backlog):
+                    log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
             if self.vllm is not None:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             start = self.monotonic()
@@ -291,9 +398,13 @@ class Agent:
             if vllm_task is not None:
                 await vllm_task
             await self._drain()
-            self.stats.rows_pending = len(self._pending)
-            if self._pending:
-                log.error("%d ticks could not be stored before exit", len(self._pending))
+            self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
+            self.stats.rows_spooled = self.backlog.spooled_rows
+            self.stats.rows_folded = self.backlog.folded_rows
+            if self.stats.rows_spooled:
+                log.error("%d rows left in the spool %s; the next run replays them", self.stats.rows_spooled, self.backlog.spool_dir)
+            if self.stats.rows_pending:
+                log.error("%d rows could not be stored or spooled before exit", self.stats.rows_pending)
             await asyncio.get_running_loop().run_in_executor(self._nvml_exec, self.source.close)
             for executor in (self._nvml_exec, self._store_exec, self._host_exec):
                 executor.shutdown(wait=True)

@@ -14,12 +14,15 @@ import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from vgpumon import __version__
 from vgpumon.errors import ExitCode, StoreUnavailableError, VgpumonError
+
+if TYPE_CHECKING:
+    from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
 
@@ -48,6 +51,14 @@ DbOption = Annotated[
         help="Store URL: sqlite:///path.db (default: a file under the user's data directory) or postgresql+psycopg://...",
         show_default=False,
     ),
+]
+
+
+RawRetentionOption = Annotated[
+    str, typer.Option("--raw-retention", envvar="VGPUMON_RAW_RETENTION", help="How long raw per-tick rows are kept (72h, 3d).")
+]
+RollupRetentionOption = Annotated[
+    str, typer.Option("--rollup-retention", envvar="VGPUMON_ROLLUP_RETENTION", help="How long 1-minute rollups are kept (90d).")
 ]
 
 
@@ -111,6 +122,14 @@ def agent(
     ] = None,
     no_vllm: Annotated[bool, typer.Option("--no-vllm", help="Do not discover or scrape vLLM servers.")] = False,
     vllm_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between vLLM scrapes.")] = 2.0,
+    spool: Annotated[
+        Optional[Path],
+        typer.Option(envvar="VGPUMON_SPOOL", help="Directory where ticks wait while the store is unreachable; put it on another disk than a SQLite store (default: under the user's state directory).", file_okay=False),
+    ] = None,
+    spool_max_mb: Annotated[int, typer.Option(min=1, help="Spool size above which its oldest ticks are folded into 1-minute rollups.")] = 1024,
+    buffer_max_rows: Annotated[int, typer.Option(min=1, help="Rows held in memory when the spool cannot be written; above it the oldest are folded into 1-minute rollups.")] = 8 * 3600,
+    raw_retention: RawRetentionOption = "72h",
+    rollup_retention: RollupRetentionOption = "90d",
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -122,18 +141,21 @@ def agent(
       vgpumon agent --replay tests/data/h200-capture.jsonl.gz --db sqlite:///demo.db
     """
     from vgpumon.agent import Agent
-    from vgpumon.config import default_db_url, default_hostname
+    from vgpumon.config import default_db_url, default_hostname, default_spool_dir
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.nvml_backend import ReplayBackend
     from vgpumon.store import open_store
+    from vgpumon.store.retention import Retention
+    from vgpumon.store.spool import Backlog
 
     backend = ReplayBackend(replay) if replay else None
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
     source = NvmlSource(backend, slow_every=slow_every, use_gpm=not no_gpm)
     url = db or default_db_url()
+    raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
     try:
-        store = open_store(url)
+        store = open_store(url)  # runs the migrations (under an advisory lock on Postgres)
     except StoreUnavailableError as exc:
         raise StoreStartError(str(exc)) from None
     from vgpumon.sources.host import HostSource
@@ -144,6 +166,7 @@ def agent(
 
         # a replay reads a recorded host: only configured servers, no discovery on this one
         vllm = VllmSource(static_urls=vllm_url or (), processes=NoProcesses() if replay else None, interval=vllm_interval)
+    backlog = Backlog(spool or default_spool_dir(url), max_spool_bytes=spool_max_mb << 20, max_memory_rows=buffer_max_rows)
     runner = Agent(
         source,
         store,
@@ -154,6 +177,8 @@ def agent(
         duration=_parse_duration(duration) if duration else None,
         paced=replay is None or pace is Pace.recorded,
         vllm=vllm,
+        backlog=backlog,
+        retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
     )
     try:
         stats = asyncio.run(_run_until_signal(runner))
@@ -163,14 +188,133 @@ def agent(
         f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {url}",  # type: ignore[attr-defined]
         err=True,
     )
+    if stats.rows_folded:  # type: ignore[attr-defined]
+        typer.echo(
+            f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)",  # type: ignore[attr-defined]
+            err=True,
+        )
+    if stats.rows_spooled:  # type: ignore[attr-defined]
+        typer.echo(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run", err=True)  # type: ignore[attr-defined]
     if stats.rows_pending:  # type: ignore[attr-defined]
         raise typer.Exit(ExitCode.UNAVAILABLE)
 
 
 class StoreStartError(VgpumonError):
-    """The agent's store cannot be opened at start."""
+    """The agent's store cannot be opened at start, or a ``db`` command cannot reach its store."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+def _retention_pair(raw: str, rollup: str) -> tuple[float, float]:
+    raw_s, rollup_s = _parse_duration(raw), _parse_duration(rollup)
+    if rollup_s < raw_s:
+        raise typer.BadParameter("--rollup-retention must be at least --raw-retention")
+    return raw_s, rollup_s
+
+
+db_app = typer.Typer(
+    name="db",
+    help="Operate the store: migrate its schema, apply retention, show what it holds.",
+    no_args_is_help=True,
+)
+app.add_typer(db_app)
+
+
+def _open_for_db(db: Optional[str], *, create: bool) -> "Store":
+    from vgpumon.config import default_db_url
+    from vgpumon.store import Store
+
+    url = db or default_db_url()
+    try:
+        return Store(url, create=create)
+    except StoreUnavailableError as exc:
+        raise StoreStartError(str(exc)) from None
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOption = None) -> None:
+    """Bring the store's schema to this version's newest revision (the agent does it at start).
+
+    Safe to run while agents write and from many hosts at once: on Postgres one advisory lock
+    serialises schema changes.
+    """
+    from vgpumon.store.migrate import upgrade
+
+    store = _open_for_db(db, create=True)
+    try:
+        before, after = upgrade(store.engine)
+    except StoreUnavailableError as exc:
+        raise StoreStartError(str(exc)) from None
+    finally:
+        store.close()
+    typer.echo(f"store schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
+
+
+@db_app.command("prune")
+def db_prune(
+    db: DbOption = None,
+    raw_retention: RawRetentionOption = "72h",
+    rollup_retention: RollupRetentionOption = "90d",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """Roll raw rows up into 1-minute rows, then drop what is older than the retention windows.
+
+    The agent does the same in small steps while it runs; this runs it to completion. Raw rows
+    are never dropped before they are rolled up.
+    """
+    from vgpumon.store.retention import Retention
+
+    raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
+    store = _open_for_db(db, create=False)
+    try:
+        res = Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s).run()
+    except StoreUnavailableError as exc:
+        raise StoreStartError(str(exc)) from None
+    finally:
+        store.close()
+    out = {
+        "minutes_rolled_up": res.minutes_rolled_up,
+        "rows_deleted": res.rows_deleted,
+        "partitions_dropped": res.partitions_dropped,
+        "partitions_created": res.partitions_created,
+    }
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        typer.echo(
+            f"rolled up {res.minutes_rolled_up} GPU-minutes; deleted {res.rows_deleted} rows; "
+            f"dropped {len(res.partitions_dropped)} partitions"
+        )
+
+
+@db_app.command("stats")
+def db_stats(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
+) -> None:
+    """Rows, bytes, oldest and newest sample of each time table, and the ticks whose full
+    resolution was lost (kept only as 1-minute rollups)."""
+    from vgpumon.diagnose import _iso
+
+    store = _open_for_db(db, create=False)
+    try:
+        tables = store.table_stats()
+    except StoreUnavailableError as exc:
+        raise StoreStartError(str(exc)) from None
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps({"tables": tables}, indent=2))
+        return
+    typer.echo(f"{'table':<22} {'rows':>12} {'bytes':>14} {'oldest (UTC)':<26} {'newest (UTC)':<26}")
+    for t in tables:
+        size = "n/a" if t["bytes"] is None else f"{t['bytes']:,}"
+        typer.echo(
+            f"{t['table']:<22} {t['rows']:>12,} {size:>14} {_iso(t['oldest']) or '-':<26} {_iso(t['newest']) or '-':<26}"
+        )
+    folded = next(t for t in tables if t["table"] == "gpu_samples_1m")["folded_samples"]
+    if folded:
+        typer.echo(f"{folded} raw ticks were kept only as 1-minute rollups (the store was away and the spool full)")
 
 
 @app.command()

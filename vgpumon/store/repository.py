@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Engine, and_, case, func, select, type_coerce
+from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample
+from vgpumon.store import partitions
+from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
 from vgpumon.store.engine import make_engine
+from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import (
-    ACTIVITY_SOURCES,
-    SAMPLE_VALUE_COLUMNS,
-    Base,
+    TIME_TABLES,
     Gpu,
     GpuProcessSample,
     GpuSampleRow,
@@ -25,13 +28,26 @@ from vgpumon.store.schema import (
     PcieLink,
     Process,
     XidEvent,
+    gpu_samples_1m,
 )
 
 _SAMPLES = GpuSampleRow.__table__
-#: Tables a tick writes to, in foreign-key order. ``TickRows`` maps each name to its rows.
-TICK_TABLES = ("gpu_samples", "host_samples", "xid_events", "gpu_process_samples")
+_ROLLUPS = gpu_samples_1m
+#: Tables a tick writes besides ``gpu_samples``, in foreign-key order; ``TickRows`` maps each
+#: name to its rows (dicts in base units; the column types encode them).
+EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples")
 TickRows = dict[str, list[dict[str, Any]]]
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
+_TABLES = {"host_samples": HostSample.__table__, "xid_events": XidEvent.__table__, "gpu_process_samples": GpuProcessSample.__table__}
+
+
+def _insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table).on_conflict_do_nothing()
 
 
 @dataclass(frozen=True)
@@ -43,16 +59,6 @@ class StoredGpu:
     identity: GpuIdentity
 
 
-def _insert_ignoring_duplicates(engine: Engine, table: Any) -> Any:
-    """``INSERT ... ON CONFLICT DO NOTHING``: a tick written twice (a retried batch, a replay run
-    again) is stored once."""
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
-
-
 class Store:
     """The time-series store.
 
@@ -61,26 +67,26 @@ class Store:
         engine: an existing engine instead of ``url`` (tests).
         create: allow creating a new SQLite file; readers pass False so that a mistyped path
             reports "no store" instead of creating an empty one.
+        busy_timeout_ms: SQLite: how long a write waits for a lock held by another writer.
 
     Every method raises ``StoreUnavailableError`` when the database cannot be reached or queried.
     """
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None, create: bool = True) -> None:
+    def __init__(
+        self, url: str | None = None, *, engine: Engine | None = None, create: bool = True, busy_timeout_ms: int = 5000
+    ) -> None:
         if engine is None:
             if url is None:
                 raise ValueError("Store needs a URL or an engine")
-            engine = make_engine(url, create_dirs=create)
+            engine = make_engine(url, create_dirs=create, busy_timeout_ms=busy_timeout_ms)
             db = engine.url.database
             if not create and engine.dialect.name == "sqlite" and db and db != ":memory:" and not Path(db).expanduser().exists():
                 raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
         self.engine = engine
-        self._insert = _insert_ignoring_duplicates(engine, _SAMPLES)
-        self._inserts = {
-            "gpu_samples": self._insert,
-            "host_samples": _insert_ignoring_duplicates(engine, HostSample.__table__),
-            "xid_events": _insert_ignoring_duplicates(engine, XidEvent.__table__),
-            "gpu_process_samples": _insert_ignoring_duplicates(engine, GpuProcessSample.__table__),
-        }
+        self.dialect = engine.dialect.name
+        #: (table, day ms) partitions known to exist (Postgres).
+        self._partitions: set[tuple[str, int]] = set()
+        self._extra_inserts = {name: _insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}
         self._process_ids: dict[tuple[int, int, float | None], int] = {}
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
@@ -89,11 +95,14 @@ class Store:
         return StoreUnavailableError(f"store {url} unavailable: {detail}")
 
     def init_schema(self) -> None:
-        """Create missing tables (idempotent)."""
-        try:
-            Base.metadata.create_all(self.engine)
-        except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
+        """Bring the schema to the newest revision (Alembic; under an advisory lock on Postgres).
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached or a migration fails.
+        """
+        from vgpumon.store.migrate import upgrade
+
+        upgrade(self.engine)
 
     def close(self) -> None:
         """Release pooled connections."""
@@ -143,40 +152,125 @@ class Store:
             raise self._fail(exc) from None
 
     @staticmethod
-    def sample_row(gpu_id: int, s: GpuSample) -> dict[str, Any]:
-        """The ``gpu_samples`` row of one sample (base units; the column types encode)."""
-        row = {name: getattr(s, name) for name in SAMPLE_VALUE_COLUMNS}
-        row["gpu_id"] = gpu_id
-        row["ts"] = s.ts
-        row["up"] = s.up
-        row["activity_source"] = ACTIVITY_SOURCES.get(s.activity_source) if s.activity_source else None
-        return row
+    def sample_row(gpu_id: int, s: GpuSample) -> GpuRow:
+        """The stored ``gpu_samples`` row of one sample (see ``codec.encode_gpu_sample``)."""
+        return encode_gpu_sample(gpu_id, s)
 
-    def write_gpu_rows(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Write sample rows in one transaction; rows already stored are skipped."""
-        self.write_ticks([{"gpu_samples": list(rows)}])
+    def ensure_partitions(self, conn: Connection, table: str, days: Iterable[int]) -> None:
+        """Create the day partitions ``table`` needs for ``days`` (epoch ms) on Postgres; no-op on
+        SQLite. Known partitions are cached, so calling this per batch costs nothing."""
+        if self.dialect != "postgresql":
+            return
+        missing = {d for d in days if (table, d) not in self._partitions}
+        if missing:
+            partitions.ensure(conn, table, missing)
+            conn.commit()  # DDL out of the way of the batch: a failed batch must not undo it
+            self._partitions.update((table, d) for d in missing)
 
-    def write_ticks(self, ticks: Sequence[TickRows]) -> None:
-        """Write the rows of whole ticks in one transaction; rows already stored are skipped.
+    def forget_partitions(self) -> None:
+        """Drop the partition cache (after retention dropped some)."""
+        self._partitions.clear()
 
-        Args:
-            ticks: per tick, table name (``TICK_TABLES``) → rows. ``gpu_process_samples`` rows
-                also carry the process identity (``host_id`` and ``_PROCESS_KEYS``); the
-                ``processes`` row is created on first sight and referenced by id.
+    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Postgres: ``COPY`` the batch straight into ``table``; if some rows are already stored
+        (a replayed spool file, a capture replayed twice) COPY fails on the primary key, and the
+        batch goes again through a session-local staging table and ``INSERT ... SELECT ... ON
+        CONFLICT DO NOTHING``. The common case thus runs at the driver's COPY rate
+        (docs/benchmarks.md); duplicates cost one extra round."""
+        import psycopg
+
+        cols = ", ".join(f'"{c}"' for c in columns)
+        raw = conn.connection.driver_connection
+        if not conn.in_transaction():
+            conn.begin()  # COPY runs on the driver connection: let SQLAlchemy own the commit
+        try:
+            with raw.cursor() as cur:  # type: ignore[union-attr]
+                with cur.copy(f'COPY "{table}" ({cols}) FROM STDIN') as copy:
+                    for r in rows:
+                        copy.write_row(r)
+            return
+        except psycopg.errors.UniqueViolation:
+            conn.rollback()
+            conn.begin()
+        stage = f"_stage_{table}"
+        conn.exec_driver_sql(
+            f'CREATE TEMP TABLE IF NOT EXISTS "{stage}" (LIKE "{table}" INCLUDING DEFAULTS) ON COMMIT DELETE ROWS'
+        )
+        with raw.cursor() as cur:  # type: ignore[union-attr]
+            with cur.copy(f'COPY "{stage}" ({cols}) FROM STDIN') as copy:
+                for r in rows:
+                    copy.write_row(r)
+        conn.exec_driver_sql(f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING')
+
+    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            with self.engine.connect() as conn:
+                self.ensure_partitions(conn, table, {partitions.day_of(r[TS]) for r in rows})
+                if self.dialect == "postgresql":
+                    try:
+                        self._copy_insert(conn, table, columns, rows)
+                    except dbapi_error as exc:
+                        # COPY runs on the driver connection, outside SQLAlchemy's error
+                        # handling: a server that went away mid-COPY leaves a dead connection
+                        # that must not go back to the pool.
+                        conn.invalidate()
+                        raise self._fail(exc) from None
+                else:
+                    marks = ", ".join("?" for _ in columns)
+                    cols = ", ".join(f'"{c}"' for c in columns)
+                    conn.exec_driver_sql(
+                        f'INSERT INTO "{table}" ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING', list(rows)
+                    )
+                conn.commit()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def write_gpu_rows(self, rows: Sequence[GpuRow]) -> None:
+        """Write stored ``gpu_samples`` rows (``codec.GPU_ROW_COLUMNS`` order) in one transaction;
+        rows already stored are skipped, so a batch written twice is stored once.
+
+        Raises:
+            StoreUnavailableError: the database is unreachable, locked, full, ...; nothing of the
+                batch is stored then.
         """
-        merged: dict[str, list[dict[str, Any]]] = {t: [] for t in TICK_TABLES}
+        if rows:
+            self._insert_rows("gpu_samples", GPU_ROW_COLUMNS, rows)
+
+    def write_rollup_rows(self, rows: Sequence[RollupRow]) -> None:
+        """Write ``gpu_samples_1m`` rows (``codec.ROLLUP_ROW_COLUMNS`` order), skipping minutes
+        already summarised. Raises ``StoreUnavailableError`` like ``write_gpu_rows``."""
+        if rows:
+            self._insert_rows("gpu_samples_1m", ROLLUP_ROW_COLUMNS, rows)
+
+    def write_extra_rows(self, ticks: Sequence[TickRows]) -> None:
+        """Write the non-GPU rows of whole ticks (``EXTRA_TABLES``: host samples, XID events, GPU
+        process samples) in one transaction; rows already stored are skipped.
+
+        ``gpu_process_samples`` rows also carry the process identity (``host_id`` and
+        ``_PROCESS_KEYS``): the ``processes`` row is created on first sight and referenced by id.
+
+        Raises:
+            StoreUnavailableError: the database is unreachable; nothing of the batch is stored.
+        """
+        merged: dict[str, list[dict[str, Any]]] = {t: [] for t in EXTRA_TABLES}
         for tick in ticks:
             for table, rows in tick.items():
-                merged[table].extend(rows)
+                if table in merged:
+                    merged[table].extend(rows)
         if not any(merged.values()):
             return
         try:
-            with self.engine.begin() as conn:
+            with self.engine.connect() as conn:
+                for table in EXTRA_TABLES:
+                    if merged[table] and table in TIME_TABLES:
+                        self.ensure_partitions(conn, table, {partitions.day_of(int(round(r["ts"] * 1000))) for r in merged[table]})
                 if merged["gpu_process_samples"]:
                     merged["gpu_process_samples"] = [self._with_process_id(conn, r) for r in merged["gpu_process_samples"]]
-                for table in TICK_TABLES:
+                for table in EXTRA_TABLES:
                     if merged[table]:
-                        conn.execute(self._inserts[table], merged[table])
+                        conn.execute(self._extra_inserts[table], merged[table])
+                conn.commit()
         except SQLAlchemyError as exc:
             self._process_ids.clear()  # ids inserted by a rolled-back transaction are void
             raise self._fail(exc) from None
@@ -350,6 +444,55 @@ class Store:
             raise self._fail(exc) from None
         return dict(row)
 
+    def window_aggregates_many(
+        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]
+    ) -> dict[int, dict[str, Any]]:
+        """``window_aggregates`` for many GPUs in one query (``GROUP BY gpu_id``).
+
+        On Postgres this reads each partition once (in parallel workers) instead of once per GPU:
+        a tick's rows of all GPUs share heap pages, so per-GPU queries read every page 8 times on
+        an 8-GPU host. On SQLite the GPUs are split over one connection per core. Figures for
+        72 h of 8 GPUs are in docs/benchmarks.md.
+
+        Returns:
+            ``gpu_id`` → the dict ``window_aggregates`` returns; GPUs without rows in the window
+            get ``samples == 0`` and ``None`` aggregates.
+        """
+        c = _SAMPLES.c
+        exprs = [c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")]
+        for name in columns:
+            col = c[name]
+            exprs.append(type_coerce(func.avg(col), col.type).label(f"{name}_mean"))
+            exprs.append(type_coerce(func.max(col), col.type).label(f"{name}_max"))
+
+        def query(ids: Sequence[int]) -> list[Any]:
+            with self.engine.connect() as conn:
+                return list(
+                    conn.execute(
+                        select(*exprs).where(and_(c.gpu_id.in_(list(ids)), c.ts >= start, c.ts <= end)).group_by(c.gpu_id)
+                    ).mappings().all()
+                )
+
+        try:
+            workers = min(len(gpu_ids), os.cpu_count() or 1)
+            if self.dialect == "sqlite" and workers > 1:
+                # SQLite runs a query on one core; its module releases the GIL while it steps,
+                # and WAL lets readers run side by side: one connection per core halves the
+                # time on 2 cores (docs/benchmarks.md).
+                chunks = [list(gpu_ids)[i::workers] for i in range(workers)]
+                with ThreadPoolExecutor(workers, thread_name_prefix="vgpumon-read") as pool:
+                    rows = [r for part in pool.map(query, chunks) for r in part]
+            else:
+                rows = query(gpu_ids)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        empty = {"samples": 0, "up_samples": None, **{f"{n}_{k}": None for n in columns for k in ("mean", "max")}}
+        out: dict[int, dict[str, Any]] = {g: dict(empty) for g in gpu_ids}
+        for r in rows:
+            d = dict(r)
+            out[d.pop("gpu_id")] = d
+        return out
+
     def last_values(self, gpu_id: int, end: float, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
         """Newest non-NULL value of each column at or before ``end`` for one GPU.
 
@@ -387,8 +530,140 @@ class Store:
         return [dict(r) for r in rows]
 
 
-def open_store(url: str) -> Store:
-    """Open (and create if needed) the store at ``url``; raises ``StoreUnavailableError``."""
-    store = Store(url)
+    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+        """The newest row of each GPU (one PK seek per GPU on both engines).
+
+        Returns:
+            ``gpu_id`` → ``{"ts": seconds, <column>: value in base units or None}``; GPUs without
+            rows are absent.
+        """
+        c = _SAMPLES.c
+        out: dict[int, dict[str, Any]] = {}
+        try:
+            with self.engine.connect() as conn:
+                for gid in gpu_ids:
+                    row = conn.execute(
+                        select(c.ts, *(c[n] for n in columns)).where(c.gpu_id == gid).order_by(c.ts.desc()).limit(1)
+                    ).mappings().first()
+                    if row is not None:
+                        out[gid] = dict(row)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def window_percentiles(
+        self, gpu_id: int, start: float, end: float, columns: Sequence[str], quantiles: Sequence[float] = (0.5, 0.95, 0.99)
+    ) -> dict[str, dict[float, float | None]]:
+        """Percentiles of raw values over ``start <= ts <= end`` for one GPU.
+
+        Linear interpolation between closest ranks (Postgres ``percentile_cont``; on SQLite, which
+        has no percentile aggregate, the same definition in Python over the sorted column), NULLs
+        ignored.
+
+        Returns:
+            column → {quantile → value in base units, or ``None`` when the window has no value}.
+        """
+        c = _SAMPLES.c
+        where = and_(c.gpu_id == gpu_id, c.ts >= start, c.ts <= end)
+        out: dict[str, dict[float, float | None]] = {}
+        try:
+            with self.engine.connect() as conn:
+                for name in columns:
+                    col = c[name]
+                    if self.dialect == "postgresql":
+                        exprs = [
+                            type_coerce(func.percentile_cont(q).within_group(col), col.type).label(f"q{i}")
+                            for i, q in enumerate(quantiles)
+                        ]
+                        row = conn.execute(select(*exprs).where(where)).one()
+                        out[name] = {q: row[i] for i, q in enumerate(quantiles)}
+                    else:
+                        values = conn.execute(
+                            select(type_coerce(col, _SAMPLES.c.gpu_id.type)).where(and_(where, col.is_not(None))).order_by(col)
+                        ).scalars().all()
+                        decode = col.type.process_result_value if hasattr(col.type, "process_result_value") else None
+                        res: dict[float, float | None] = {}
+                        for q in quantiles:
+                            if not values:
+                                res[q] = None
+                                continue
+                            v = percentile(values, q)
+                            res[q] = decode(v, self.engine.dialect) if decode else v
+                        out[name] = res
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def rollup_series(self, gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """1-minute rollup rows over ``start <= minute start <= end``, oldest first: the series for
+        a trend over days (memory leak slope, PCIe p95 for capacity).
+
+        Args:
+            columns: rollup columns, e.g. ``("memory_used_bytes_max", "pcie_rx_bytes_per_second_p95")``;
+                ``ts`` (minute start, seconds), ``samples`` and ``folded_samples`` always come along.
+        """
+        c = _ROLLUPS.c
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(c.ts, c.samples, c.folded_samples, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id == gpu_id, c.ts >= start, c.ts <= end))
+                    .order_by(c.ts)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [dict(r) for r in rows]
+
+    def table_stats(self) -> list[dict[str, Any]]:
+        """Rows, bytes on disk, oldest and newest ``ts`` of each time table (``vgpumon db stats``).
+
+        Returns:
+            One dict per table: ``table``, ``rows``, ``bytes`` (table and its indexes; all
+            partitions on Postgres; ``None`` where the engine cannot tell), ``oldest``/``newest``
+            (epoch seconds, ``None`` when empty), ``partitions`` (Postgres, else ``None``) and, for
+            ``gpu_samples_1m``, ``folded_samples`` (raw ticks kept only as rollups).
+        """
+        out: list[dict[str, Any]] = []
+        try:
+            with self.engine.connect() as conn:
+                sizes: dict[str, int] = {}
+                if self.dialect == "sqlite":
+                    try:
+                        for tbl, size in conn.exec_driver_sql(
+                            "SELECT m.tbl_name, sum(d.pgsize) FROM dbstat d JOIN sqlite_master m ON m.name = d.name GROUP BY m.tbl_name"
+                        ):
+                            sizes[tbl] = int(size)
+                    except SQLAlchemyError:  # SQLite built without SQLITE_ENABLE_DBSTAT_VTAB
+                        sizes = {}
+                for table in TIME_TABLES:
+                    rows, oldest, newest = conn.execute(text(f'SELECT count(*), min(ts), max(ts) FROM "{table}"')).one()
+                    item: dict[str, Any] = {
+                        "table": table,
+                        "rows": int(rows),
+                        "bytes": sizes.get(table),
+                        "oldest": None if oldest is None else oldest / 1000.0,
+                        "newest": None if newest is None else newest / 1000.0,
+                        "partitions": None,
+                    }
+                    if self.dialect == "postgresql":
+                        parts = partitions.list_partitions(conn, table)
+                        item["partitions"] = len(parts)
+                        item["bytes"] = int(
+                            conn.scalar(
+                                text("SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(CAST(:t AS regclass))"),
+                                {"t": table},
+                            )
+                        )
+                    if table == "gpu_samples_1m":
+                        item["folded_samples"] = int(conn.scalar(text("SELECT coalesce(sum(folded_samples), 0) FROM gpu_samples_1m")))
+                    out.append(item)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+def open_store(url: str, **kw: Any) -> Store:
+    """Open (create if needed) the store at ``url`` and bring its schema to the newest revision;
+    ``kw`` go to ``Store``. Raises ``StoreUnavailableError``."""
+    store = Store(url, **kw)
     store.init_schema()
     return store

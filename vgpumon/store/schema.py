@@ -8,6 +8,14 @@ convert to and from base units (ratio 0–1, watts, hertz, ...).
 
 Sample timestamps are integer milliseconds since the Unix epoch (UTC) in the database and float
 seconds in Python; identity tables use timezone-aware ``DateTime``.
+
+Time tables (``gpu_samples``, ``host_samples``, ``gpu_process_samples``, ``gpu_samples_1m``) carry
+``postgresql_partition_by="RANGE (ts)"``: on Postgres they are partitioned by day (partitions are
+created by ``vgpumon.store.partitions``) so that retention drops whole partitions; SQLite ignores
+the option and keeps them as ``WITHOUT ROWID`` tables clustered on their primary key.
+
+The tables themselves are created by the Alembic migrations in ``vgpumon/store/migrations``; these
+models must match the newest revision (``tests/test_migrations.py`` checks it on both engines).
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     ForeignKey,
     Integer,
     MetaData,
     SmallInteger,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -140,7 +150,7 @@ class GpuSampleRow(Base):
     """
 
     __tablename__ = "gpu_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
 
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
@@ -197,7 +207,7 @@ class HostSample(Base):
     """One host, one tick (psutil): CPU, memory, load."""
 
     __tablename__ = "host_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
 
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
@@ -235,7 +245,7 @@ class GpuProcessSample(Base):
     leak that keeps request objects alive grows both)."""
 
     __tablename__ = "gpu_process_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
 
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
@@ -284,3 +294,105 @@ ACTIVITY_SOURCE_NAMES = {v: k for k, v in ACTIVITY_SOURCES.items()}
 SAMPLE_VALUE_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in GpuSampleRow.__table__.columns if c.name not in {"gpu_id", "ts", "up", "activity_source"}
 )
+
+
+# -- 1-minute rollups --------------------------------------------------------------------------
+
+#: Aggregates kept per ``gpu_samples`` column in ``gpu_samples_1m``. Gauges keep min/mean/max;
+#: the columns that reports rank or size capacity by (activity, PCIe, memory, power, temperature)
+#: also keep p50/p95/p99; counters and states keep the minute's last value; flags keep "any"
+#: (``max``) and the clocks-event bitmask keeps the OR of the minute's bits.
+GAUGE_AGGREGATES = ("min", "mean", "max")
+PERCENTILE_AGGREGATES = ("p50", "p95", "p99")
+ROLLUP_SPEC: dict[str, tuple[str, ...]] = {}
+for _name in SAMPLE_VALUE_COLUMNS:
+    if _name in {
+        "sm_active_ratio",
+        "utilization_gpu_ratio",
+        "dram_active_ratio",
+        "pcie_tx_bytes_per_second",
+        "pcie_rx_bytes_per_second",
+        "memory_used_bytes",
+        "power_watts",
+        "temperature_celsius",
+    }:
+        ROLLUP_SPEC[_name] = GAUGE_AGGREGATES + PERCENTILE_AGGREGATES
+    elif _name in {
+        "memory_reserved_bytes",
+        "utilization_memory_ratio",
+        "sm_occupancy_ratio",
+        "tensor_active_ratio",
+        "pcie_link_gen_current",
+        "pcie_link_width_current",
+        "sm_clock_hertz",
+        "memory_clock_hertz",
+        "fan_speed_ratio",
+        "bar1_used_bytes",
+    }:
+        ROLLUP_SPEC[_name] = GAUGE_AGGREGATES
+    elif _name == "clocks_event_reasons":
+        ROLLUP_SPEC[_name] = ("or",)
+    elif _name in {"remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending"}:
+        ROLLUP_SPEC[_name] = ("any",)
+    else:  # counters (ECC, energy, replays, violations, remaps) and slowly changing state
+        ROLLUP_SPEC[_name] = ("last",)
+del _name
+
+
+def rollup_column_name(column: str, aggregate: str) -> str:
+    """``gpu_samples_1m`` column holding ``aggregate`` of ``gpu_samples.column``."""
+    return f"{column}_{aggregate}"
+
+
+def _rollup_columns() -> list[Column[Any]]:
+    src = GpuSampleRow.__table__.c
+    cols: list[Column[Any]] = []
+    for name, aggregates in ROLLUP_SPEC.items():
+        for agg in aggregates:
+            # the source column's type: the same fixed-point encoding, the same base units
+            cols.append(Column(rollup_column_name(name, agg), src[name].type, nullable=True))
+    return cols
+
+
+#: One GPU, one minute: ``ts`` is the minute's start (epoch ms). ``samples`` counts the raw ticks
+#: the minute held, ``up_samples`` those where the device answered, ``folded_samples`` those that
+#: were folded into this row without ever being stored as raw rows (the store was unreachable and
+#: the agent's spool or buffer reached its bound): that is resolution lost, and ``vgpumon db
+#: stats`` reports it. Columns are generated from ``ROLLUP_SPEC``; the migration that created the
+#: table lists them explicitly.
+gpu_samples_1m = Table(
+    "gpu_samples_1m",
+    Base.metadata,
+    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+    Column("ts", EpochMillis, primary_key=True),
+    Column("samples", Integer, nullable=False),
+    Column("up_samples", Integer, nullable=False),
+    Column("folded_samples", Integer, nullable=False),
+    *_rollup_columns(),
+    sqlite_with_rowid=False,
+    postgresql_partition_by="RANGE (ts)",
+)
+
+
+class RollupWatermark(Base):
+    """How far raw ``gpu_samples`` of one GPU have been rolled up: every raw row with
+    ``ts < rolled_until`` is summarised in ``gpu_samples_1m``; retention never deletes raw rows at
+    or after it."""
+
+    __tablename__ = "rollup_watermarks"
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
+    rolled_until: Mapped[float] = mapped_column(EpochMillis)
+
+
+#: Time tables → the column of their owner (a foreign key, first in the primary key, then ``ts``).
+#: Partitioned by day on Postgres; pruned by ``vgpumon.store.retention`` (``gpu_samples`` only
+#: once rolled up, ``gpu_samples_1m`` by the rollup window, the others by the raw window).
+TIME_TABLES: dict[str, str] = {
+    "gpu_samples": "gpu_id",
+    "host_samples": "host_id",
+    "gpu_process_samples": "gpu_id",
+    "gpu_samples_1m": "gpu_id",
+    "vllm_samples": "instance_id",
+    "vllm_engine_samples": "instance_id",
+}

@@ -8,6 +8,7 @@ from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
+from vgpumon.store import partitions
 from vgpumon.sources.vllm.source import InstanceIdentity, ServerSample
 from vgpumon.sources.vllm.state import ServerState
 from vgpumon.store.schema import Host
@@ -61,6 +62,7 @@ class VllmRepository:
         self._ids: dict[tuple[str, InstanceIdentity], int] = {}
         self._insert_samples = _insert_ignoring_duplicates(engine, _SAMPLES)
         self._insert_engines = _insert_ignoring_duplicates(engine, _ENGINES)
+        self._partitions: set[tuple[str, int]] = set()  # (table, day ms) known to exist (Postgres)
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
@@ -84,6 +86,7 @@ class VllmRepository:
         if not samples:
             return
         new_ids: dict[tuple[str, InstanceIdentity], int] = {}
+        new_parts: set[tuple[str, int]] = set()  # cached only once the transaction commits
         try:
             with self.engine.begin() as conn:
                 host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
@@ -117,6 +120,13 @@ class VllmRepository:
                         conn.execute(_INSTANCES.update().where(_INSTANCES.c.id == iid).values(**attrs))
                     ids[ident] = int(iid)
                     new_ids[(hostname, ident)] = int(iid)
+                if conn.dialect.name == "postgresql":  # time tables are partitioned by day there
+                    days = {partitions.day_of(int(round(s.ts * 1000))) for s in samples}
+                    for table in ("vllm_samples", "vllm_engine_samples"):
+                        missing = {d for d in days if (table, d) not in self._partitions}
+                        if missing:
+                            partitions.ensure(conn, table, missing)
+                            new_parts.update((table, d) for d in missing)
                 conn.execute(self._insert_samples, [self.sample_row(ids[s.instance], s) for s in samples])
                 engine_rows = [
                     dict(
@@ -147,6 +157,7 @@ class VllmRepository:
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         self._ids.update(new_ids)  # only ids of committed rows
+        self._partitions.update(new_parts)
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ class VllmSampleRow(Base):
     """
 
     __tablename__ = "vllm_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
 
     instance_id: Mapped[int] = mapped_column(ForeignKey("vllm_instances.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
@@ -108,7 +108,7 @@ class VllmEngineSampleRow(Base):
     """One data-parallel engine (and served model name) of one server, one poll."""
 
     __tablename__ = "vllm_engine_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
 
     instance_id: Mapped[int] = mapped_column(ForeignKey("vllm_instances.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)

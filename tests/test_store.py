@@ -1,0 +1,321 @@
+"""The store on SQLite and Postgres: migrations, readers beside the writer, rollups and retention,
+the queries reports use, and the backlog that keeps ticks while the store is away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from conftest import H200_CAPTURE, replay_into
+from sqlalchemy import text
+
+from vgpumon.agent import Agent
+from vgpumon.model import GpuIdentity, GpuSample
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.store import open_store
+from vgpumon.store.codec import encode_gpu_sample
+from vgpumon.store.engine import make_engine
+from vgpumon.store.migrate import current_revision, head_revision, upgrade
+from vgpumon.store.retention import Retention
+from vgpumon.store.rollup import percentile
+from vgpumon.store.schema import TIME_TABLES, Base
+from vgpumon.store.spool import Backlog
+from vgpumon.testing import scenarios
+
+
+def _count(url: str, sql: str) -> int:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        n = conn.scalar(text(sql))
+    engine.dispose()
+    return int(n)
+
+
+# -- migrations --------------------------------------------------------------------------------
+
+
+def test_migrations_build_the_models_schema_and_rerun_is_a_noop(db_url):
+    engine = make_engine(db_url)
+    assert upgrade(engine) == (None, head_revision())
+    assert upgrade(engine) == (head_revision(), head_revision())
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        if engine.dialect.name == "postgresql":
+            partitioned = set(conn.scalars(text("SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid")))
+            assert partitioned == set(TIME_TABLES)
+    engine.dispose()
+    assert diff == [], "the models and the newest revision disagree: write a revision (docs/store.md)"
+
+
+def test_store_made_before_migrations_is_stamped_and_keeps_its_rows(tmp_path):
+    """A store created by the pre-migration `create_all` (revision 0001's tables, no history)."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    later = {"gpu_samples_1m", "rollup_watermarks"}  # revision 0002
+    old_tables = [t for name, t in Base.metadata.tables.items() if name not in later and not name.startswith("vllm_")]
+    Base.metadata.create_all(engine, tables=old_tables)
+    engine.dispose()
+    agent = replay_into(url)  # open_store upgrades
+    assert current_revision(make_engine(url)) == head_revision()
+    assert _count(url, "SELECT count(*) FROM gpu_samples") == agent.stats.ticks
+
+
+def test_many_agents_upgrading_one_postgres_at_once_migrate_it_once(db_url):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("advisory lock: Postgres only")
+    errors: list[BaseException] = []
+    results: list[tuple] = []
+
+    def run() -> None:
+        engine = make_engine(db_url)
+        try:
+            results.append(upgrade(engine))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r[0] is None for r in results).count(True) == 1  # exactly one found it empty
+    assert {r[1] for r in results} == {head_revision()}
+
+
+# -- SQLite: readers never block the writer --------------------------------------------------------
+
+
+def test_open_read_transaction_does_not_block_the_agent(tmp_path):
+    """`diagnose` (or any reader) holding a read transaction open while the agent writes: the
+    agent stores every tick without waiting, the reader keeps its consistent snapshot."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    first = replay_into(url)
+    reader = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == first.stats.ticks
+    # GPUs 1 and 2 of a derived 3-GPU host are new: the agent adds 2 rows per tick
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 3)
+    second = replay_into(url, scenarios.backend(header, ticks))  # a blocked writer would fail (busy_timeout)
+    assert second.stats.rows_pending == 0 and second.stats.outages == 0
+    assert reader.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == first.stats.ticks  # snapshot kept
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == first.stats.ticks * 3
+    reader.close()
+
+
+# -- queries ---------------------------------------------------------------------------------------
+
+
+def test_percentiles_latest_and_window_agree_with_the_raw_values(db_url, store_of):
+    replay_into(db_url)
+    store = store_of(db_url)
+    (gpu,) = store.gpus_of("h200-replay")
+    rows = store.series(gpu.id, 0, 2e9, ("pcie_rx_bytes_per_second", "power_watts"))
+    rx = sorted(r["pcie_rx_bytes_per_second"] for r in rows if r["pcie_rx_bytes_per_second"] is not None)
+    got = store.window_percentiles(gpu.id, 0, 2e9, ("pcie_rx_bytes_per_second", "power_watts"))
+    for q in (0.5, 0.95, 0.99):
+        assert got["pcie_rx_bytes_per_second"][q] == pytest.approx(percentile(rx, q), rel=1e-9)
+    assert got["power_watts"][0.99] <= max(r["power_watts"] for r in rows if r["power_watts"] is not None)
+    latest = store.latest([gpu.id], ("power_watts",))
+    assert latest[gpu.id]["ts"] == rows[-1]["ts"] and latest[gpu.id]["power_watts"] == rows[-1]["power_watts"]
+    empty = store.window_percentiles(gpu.id, 0, 1, ("power_watts",))
+    assert empty["power_watts"][0.5] is None
+
+
+# -- retention and rollups -------------------------------------------------------------------------
+
+
+def test_rollups_summarise_each_minute_then_raw_rows_expire(db_url, store_of):
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
+    agent = replay_into(db_url, scenarios.backend(header, ticks))
+    store = store_of(db_url)
+    gpus = store.gpus_of("h200-replay")
+    newest = store.newest_ts([g.id for g in gpus])
+    raw = store.series(gpus[0].id, 0, 2e9, ("pcie_rx_bytes_per_second", "memory_used_bytes"))
+    minute = int(raw[len(raw) // 2]["ts"] // 60) * 60
+    in_minute = [r for r in raw if minute <= r["ts"] < minute + 60]
+
+    # 4 days later, with a 72 h raw window: everything is rolled up, then the raw rows expire
+    clock = lambda: newest + 4 * 86400  # noqa: E731
+    res = Retention(store, clock=clock).run()
+    assert res.minutes_rolled_up >= 2 * 2
+    (roll,) = [
+        r for r in store.rollup_series(gpus[0].id, minute, minute, ("pcie_rx_bytes_per_second_max", "pcie_rx_bytes_per_second_p95", "memory_used_bytes_mean"))
+    ]
+    assert roll["samples"] == len(in_minute) and roll["folded_samples"] == 0
+    rx = sorted(r["pcie_rx_bytes_per_second"] for r in in_minute)
+    assert roll["pcie_rx_bytes_per_second_max"] == rx[-1]
+    assert roll["pcie_rx_bytes_per_second_p95"] == pytest.approx(percentile(rx, 0.95), abs=1)
+    assert roll["memory_used_bytes_mean"] == pytest.approx(sum(r["memory_used_bytes"] for r in in_minute) / len(in_minute), abs=1)
+    assert _count(db_url, "SELECT count(*) FROM gpu_samples") == 0
+    assert _count(db_url, "SELECT sum(samples) FROM gpu_samples_1m") == agent.stats.ticks * 2
+    # 91 days later the rollups go too
+    Retention(store, clock=lambda: newest + 91 * 86400).run()
+    assert _count(db_url, "SELECT count(*) FROM gpu_samples_1m") == 0
+
+
+def test_raw_rows_are_not_pruned_before_they_are_rolled_up(db_url, store_of):
+    agent = replay_into(db_url)
+    store = store_of(db_url)
+    newest = store.newest_ts([g.id for g in store.gpus_of("h200-replay")])
+    step = Retention(store, max_minutes=1, clock=lambda: newest + 4 * 86400).step()  # one minute only
+    assert step.minutes_rolled_up == 1 and step.more
+    kept = _count(db_url, "SELECT count(*) FROM gpu_samples")
+    rolled = _count(db_url, "SELECT sum(samples) FROM gpu_samples_1m")
+    assert 0 < rolled < agent.stats.ticks
+    # every tick is still there raw or rolled up; SQLite deleted exactly the rolled-up rows,
+    # Postgres keeps the whole day partition until all of it is rolled up
+    assert kept == (agent.stats.ticks - rolled if db_url.startswith("sqlite") else agent.stats.ticks)
+
+
+# -- nothing lost ------------------------------------------------------------------------------------
+
+
+def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=None, max_memory_rows=8 * 3600):
+    """Replay through an agent writing to SQLite ``url`` while another connection holds the write
+    lock from the first tick until ``hold_lock_until_tick`` (None: for the whole run).
+    Returns (agent, backlog)."""
+    db_file = url.removeprefix("sqlite:///")
+    store = open_store(url, busy_timeout_ms=20)
+    locker = sqlite3.connect(db_file, isolation_level=None)
+    stop = asyncio.Event()
+    state = {"n": 0, "locked": False}
+
+    def on_tick(_snap) -> None:
+        state["n"] += 1
+        if state["n"] == 1:  # the agent has registered its GPUs: now another writer takes the lock
+            locker.execute("BEGIN IMMEDIATE")
+            state["locked"] = True
+        if state["locked"] and hold_lock_until_tick is not None and state["n"] >= hold_lock_until_tick:
+            locker.execute("COMMIT")
+            state["locked"] = False
+        if stop_at_tick is not None and state["n"] >= stop_at_tick:
+            stop.set()
+
+    backlog = Backlog(spool, max_memory_rows=max_memory_rows)
+    agent = Agent(NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog, on_tick=on_tick)
+    try:
+        asyncio.run(agent.run(stop))
+    finally:
+        if state["locked"]:
+            locker.execute("COMMIT")
+        locker.close()
+        store.close()
+    return agent, backlog
+
+
+def test_locked_sqlite_outage_is_spooled_replayed_in_order_and_logged_once(tmp_path, caplog):
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with caplog.at_level(logging.WARNING, logger="vgpumon.agent"):
+        agent, backlog = _run_agent(url, scenarios.backend(header, ticks), tmp_path / "spool", hold_lock_until_tick=40)
+    assert agent.stats.outages == 1 and agent.stats.rows_spooled == 0 and agent.stats.rows_pending == 0
+    per_tick = _count(url, "SELECT count(*) FROM (SELECT ts FROM gpu_samples GROUP BY ts HAVING count(*) = 8)")
+    assert per_tick == agent.stats.ticks == len(ticks) - 1  # the init block is not a tick
+    assert _count(url, "SELECT count(*) FROM gpu_samples") == agent.stats.ticks * 8
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("holding ticks in the spool" in m for m in messages) == 1, messages
+    assert sum("store reachable again" in m for m in messages) == 1, messages
+    assert list((tmp_path / "spool").glob("*.json")) == []
+
+
+def test_spool_survives_agent_restart_and_replays_once(tmp_path):
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    spool = tmp_path / "spool"
+    first, _ = _run_agent(url, scenarios.backend(header, ticks), spool)  # locked throughout
+    assert first.stats.rows_written == 0 and first.stats.rows_spooled == first.stats.ticks * 8
+    assert _count(url, "SELECT count(*) FROM gpu_samples") == 0
+    # the next run samples only five ticks (the same ones again), yet every tick of the first run lands
+    second, _ = _run_agent(url, scenarios.backend(header, ticks), spool, hold_lock_until_tick=1, stop_at_tick=5)
+    assert second.stats.rows_spooled == 0
+    assert _count(url, "SELECT count(*) FROM gpu_samples") == first.stats.ticks * 8
+    assert _count(url, "SELECT count(DISTINCT ts) FROM gpu_samples") == first.stats.ticks
+
+
+def test_full_buffer_folds_oldest_ticks_into_rollups_and_counts_them(tmp_path):
+    """Spool unwritable (its path is a file) and a small memory bound: the oldest raw ticks are
+    folded into 1-minute rollups, never dropped; every tick is in the store raw or folded."""
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    not_a_dir = tmp_path / "spool-is-a-file"
+    not_a_dir.write_text("")
+    agent, backlog = _run_agent(url, scenarios.backend(header, ticks), not_a_dir, hold_lock_until_tick=70, max_memory_rows=8 * 20)
+    assert agent.stats.rows_pending == 0 and agent.stats.rows_folded > 0
+    raw = _count(url, "SELECT count(*) FROM gpu_samples")
+    folded = _count(url, "SELECT coalesce(sum(folded_samples), 0) FROM gpu_samples_1m")
+    assert folded == agent.stats.rows_folded
+    assert raw + folded == agent.stats.ticks * 8
+    assert raw < agent.stats.ticks * 8
+
+
+def test_a_batch_written_twice_or_overlapping_is_stored_once(db_url, store_of):
+    """A spool file replayed after a crash between commit and delete, or a capture replayed
+    again: the write path skips stored rows (Postgres falls back from COPY to ON CONFLICT)."""
+    agent = replay_into(db_url)
+    store = store_of(db_url)
+    (gpu,) = store.gpus_of("h200-replay")
+    rows = store.series(gpu.id, 0, 2e9, ("power_watts",))
+    other = store.register_gpus("h200-replay", [GpuIdentity(index=1, uuid="GPU-other")])["GPU-other"]
+    again = [encode_gpu_sample(gpu.id, GpuSample(ts=r["ts"], uuid="x", index=0, power_watts=1.0)) for r in rows[:10]]
+    fresh = [encode_gpu_sample(other, GpuSample(ts=r["ts"], uuid="GPU-other", index=1, power_watts=2.0)) for r in rows[:10]]
+    store.write_gpu_rows(again + fresh)
+    store.write_gpu_rows(fresh)
+    assert _count(db_url, "SELECT count(*) FROM gpu_samples") == agent.stats.ticks + 10
+    assert store.series(gpu.id, 0, 2e9, ("power_watts",)) == rows  # stored values untouched
+
+
+def test_window_aggregates_for_many_gpus_equal_the_per_gpu_ones(db_url, store_of):
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 3)
+    replay_into(db_url, scenarios.backend(header, ticks))
+    store = store_of(db_url)
+    ids = [g.id for g in store.gpus_of("h200-replay")]
+    cols = ("sm_active_ratio", "power_watts", "memory_used_bytes")
+    many = store.window_aggregates_many(ids + [999], 0, 2e9, cols)
+    for g in ids:
+        assert many[g] == store.window_aggregates(g, 0, 2e9, cols)
+    assert many[999]["samples"] == 0 and many[999]["power_watts_mean"] is None
+
+
+def test_agent_rolls_up_and_prunes_while_sampling_without_losing_a_tick(db_url):
+    """Retention steps run on the agent's store thread between batches (here after every batch,
+    with a clock 4 days past the capture): the agent still takes every tick, and each minute
+    ends up either rolled up whole or still raw."""
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    store = open_store(db_url)
+    body = [t for t in ticks if t["tick"] >= 0]  # the init block is not a tick
+    newest = max(t["ts"] for t in body)
+    retention = Retention(store, max_minutes=1, clock=lambda: newest + 4 * 86400)
+    agent = Agent(
+        NvmlSource(scenarios.backend(header, ticks)), store, hostname="h", interval=0.01, paced=True,
+        flush_every=0.05, retention=retention, maintenance_every=0.0,
+    )
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    assert agent.stats.ticks == len(body)
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        raw = dict(conn.execute(text("SELECT ts / 60000, count(*) FROM gpu_samples GROUP BY ts / 60000")).all())
+        rolled = dict(conn.execute(text("SELECT ts / 60000, sum(samples) FROM gpu_samples_1m GROUP BY ts / 60000")).all())
+    engine.dispose()
+    assert rolled, "no retention step ran during the run"
+    expected: dict[int, int] = {}
+    for t in body:
+        m = int(round(t["ts"] * 1000)) // 60000
+        expected[m] = expected.get(m, 0) + 8
+    for m, n in expected.items():
+        assert rolled.get(m, 0) in (0, n), f"minute {m} rolled up partially"
+        assert rolled.get(m) == n or raw.get(m) == n, f"minute {m} lost ticks"
+    if db_url.startswith("sqlite"):
+        assert sum(raw.values()) < agent.stats.ticks * 8, "rolled-up raw rows were not pruned"
