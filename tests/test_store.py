@@ -180,7 +180,7 @@ def test_raw_rows_are_not_pruned_before_they_are_rolled_up(db_url, store_of):
 # -- nothing lost ------------------------------------------------------------------------------------
 
 
-def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=None, max_memory_rows=8 * 3600):
+def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=None, max_memory_rows=8 * 3600, host=None):
     """Replay through an agent writing to SQLite ``url`` while another connection holds the write
     lock from the first tick until ``hold_lock_until_tick`` (None: for the whole run).
     Returns (agent, backlog)."""
@@ -202,7 +202,10 @@ def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=N
             stop.set()
 
     backlog = Backlog(spool, max_memory_rows=max_memory_rows)
-    agent = Agent(NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog, on_tick=on_tick)
+    agent = Agent(
+        NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog, on_tick=on_tick,
+        host=host,
+    )
     try:
         asyncio.run(agent.run(stop))
     finally:
@@ -240,6 +243,26 @@ def test_spool_survives_agent_restart_and_replays_once(tmp_path):
     assert second.stats.rows_spooled == 0
     assert _count(url, "SELECT count(*) FROM gpu_samples") == first.stats.ticks * 8
     assert _count(url, "SELECT count(DISTINCT ts) FROM gpu_samples") == first.stats.ticks
+
+
+def test_a_ticks_host_process_and_xid_rows_ride_the_spool_too(tmp_path):
+    """Host samples, GPU processes and XID events wait in the spool with the GPU rows and land
+    once the store is back, also across an agent restart."""
+    from vgpumon.sources.host import HostSource
+
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
+    header, ticks = scenarios.set_call(header, ticks, "sys", "xid_poll", {"v": [{"index": 1, "xid": 79, "ts": ticks[11]["ts"]}]}, at=[10])
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    spool = tmp_path / "spool"
+    first, _ = _run_agent(url, scenarios.backend(header, ticks), spool, host=HostSource())  # locked throughout
+    assert _count(url, "SELECT count(*) FROM host_samples") == 0
+    assert any(p.name.endswith(".extra.json") for p in spool.iterdir())
+    _run_agent(url, scenarios.backend(header, ticks), spool, hold_lock_until_tick=1, stop_at_tick=3)
+    assert _count(url, "SELECT count(DISTINCT ts) FROM host_samples") == first.stats.ticks
+    assert _count(url, "SELECT count(*) FROM xid_events WHERE xid = 79") == 1
+    # the capture's torch process, on both GPUs, every tick it held memory
+    assert _count(url, "SELECT count(*) FROM gpu_process_samples") > 0
+    assert list(spool.glob("*.json")) == []
 
 
 def test_full_buffer_folds_oldest_ticks_into_rollups_and_counts_them(tmp_path):
