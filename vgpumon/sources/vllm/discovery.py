@@ -112,16 +112,46 @@ def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tupl
 
 class PsutilProcessTable:
     """The host's process table through psutil (needs no privileges for the user's own
-    processes; root sees every server)."""
+    processes; root sees every server).
+
+    Reading every process's command line at each poll is most of the agent's CPU on a busy host,
+    so a PID's verdict ("a vLLM server or not") is remembered while the PID lives; only new PIDs
+    are read, and the whole table is read again every ``full_every`` scans, which bounds the
+    time a recycled PID could hide a new server.
+
+    Args:
+        full_every: scans between two full reads of the process table.
+    """
+
+    def __init__(self, full_every: int = 15) -> None:
+        self.full_every = max(1, full_every)
+        self._verdict: dict[int, bool] = {}
+        self._scans = 0
 
     def scan(self) -> list[VllmProcess]:
+        full = self._scans % self.full_every == 0
+        self._scans += 1
+        pids = psutil.pids()
+        if full:
+            self._verdict = {}
+        else:
+            live = set(pids)
+            self._verdict = {pid: v for pid, v in self._verdict.items() if pid in live}
         found: dict[int, psutil.Process] = {}
-        for p in psutil.process_iter(["cmdline", "status"]):
+        for pid in pids:
+            known = self._verdict.get(pid)
+            if known is False:
+                continue
             try:
-                if p.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue  # exited, not yet reaped by its parent: gone for us
-                if is_vllm_server(p.info["cmdline"] or ()):
-                    found[p.pid] = p
+                p = psutil.Process(pid)
+                with p.oneshot():
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        continue  # exited, not yet reaped by its parent: gone for us
+                    cmdline = p.cmdline()
+                p.info = {"cmdline": cmdline}  # type: ignore[attr-defined]
+                self._verdict[pid] = is_vllm_server(cmdline or ())
+                if self._verdict[pid]:
+                    found[pid] = p
             except (psutil.Error, TypeError):
                 continue
         out = []
