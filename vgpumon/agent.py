@@ -82,6 +82,8 @@ class Agent:
         on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
         host: the host source (psutil); ``None`` skips host samples (replays of another host's
             capture skip them by default: this host's CPU says nothing about that one).
+        host_every: take a host sample (CPU, memory, GPU processes' RSS and CPU) every this many
+            ticks; per-process GPU memory is stored with each host sample.
         sysfs_root: where to read the PCIe topology above the GPUs (``/sys``); ``None`` skips it
             (replays).
         vllm: the vLLM source, polled by its own task at its own interval (``None``: no vLLM).
@@ -108,10 +110,11 @@ class Agent:
         on_tick: Callable[[Snapshot], None] | None = None,
         host: HostSource | None = None,
         sysfs_root: str | None = None,
+        host_every: int = 5,
         vllm: VllmSource | None = None,
         backlog: Backlog | None = None,
         retention: "Retention | None" = None,
-        maintenance_every: float = 30.0,
+        maintenance_every: float = 60.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -124,6 +127,7 @@ class Agent:
         self.on_tick = on_tick
         self.host = host
         self.sysfs_root = sysfs_root
+        self.host_every = max(1, host_every)
         self.topology: Any = None
         self.vllm = vllm
         self.latest: Snapshot | None = None
@@ -362,7 +366,7 @@ class Agent:
                     self.stats.gpus = len(self.source.gpus)
                     await self._register()
                 host = None
-                if self.host is not None:
+                if self.host is not None and self.stats.ticks % self.host_every == 0:
                     pids = {pid for s in reading.samples for pid, _ in s.processes}
                     host = await asyncio.get_running_loop().run_in_executor(self._host_exec, self.host.sample, ts, pids)
                 statuses = tuple(s for s in (reading.status,) if s is not None)

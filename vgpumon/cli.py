@@ -116,6 +116,7 @@ def agent(
         Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks [default: 10, or the capture's].")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
+    host_every: Annotated[int, typer.Option(min=1, help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks.")] = 5,
     vllm_url: Annotated[
         Optional[list[str]],
         typer.Option("--vllm-url", envvar="VGPUMON_VLLM_URLS", help="Also scrape this vLLM server (repeatable), e.g. one in a container."),
@@ -172,6 +173,7 @@ def agent(
         store,
         host=None if replay else HostSource(),
         sysfs_root=None if replay else "/sys",
+        host_every=host_every,
         hostname=hostname or default_hostname(),
         interval=interval,
         duration=_parse_duration(duration) if duration else None,
