@@ -131,19 +131,8 @@ class IntervalDeriver:
         out: dict[str, float | None] = {}
         dt = None if prev_ts is None else ts - prev_ts
 
-        def series_rate(canon: str) -> float | None:
-            if prev is None or not dt or dt <= 0:
-                return None
-            incs = []
-            for key, s in reading.series.items():
-                if canon not in s.counters:
-                    continue
-                p = prev.series.get(key)
-                incs.append(counter_increase(p.counters.get(canon, 0.0) if p else 0.0, s.counters[canon]))
-            vals = [i for i in incs if i is not None]
-            return sum(vals) / dt if vals else None
-
         def series_increase(canon: str) -> float | None:
+            """Sum over series of the counter's increase since the last scrape (resets handled)."""
             if prev is None:
                 return None
             incs = []
@@ -154,6 +143,12 @@ class IntervalDeriver:
                 incs.append(counter_increase(p.counters.get(canon, 0.0) if p else 0.0, s.counters[canon]))
             vals = [i for i in incs if i is not None]
             return sum(vals) if vals else None
+
+        def series_rate(canon: str) -> float | None:
+            if not dt or dt <= 0:
+                return None
+            inc = series_increase(canon)
+            return None if inc is None else inc / dt
 
         out["prompt_tokens_per_second"] = series_rate("prompt_tokens")
         out["generation_tokens_per_second"] = series_rate("generation_tokens")
