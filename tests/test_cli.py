@@ -31,6 +31,7 @@ def _nvml_present() -> bool:
 def test_agent_without_driver_names_the_cause_in_one_line_and_exits_69(tmp_path):
     out = run("agent", "--duration", "1", "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert out.returncode == 69
+    assert not (tmp_path / "x.db").exists(), "no driver: no empty store left behind"
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "libnvidia-ml.so.1" in lines[0] and "not found" in lines[0]
@@ -125,3 +126,22 @@ def test_db_commands_on_an_unreachable_store_exit_69_with_one_line():
     assert out.returncode == 69
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert run("db", "prune", "--raw-retention", "2d", "--rollup-retention", "1d").returncode == 64
+
+
+def test_stale_host_is_unknown_with_max_age_and_reported_without(tmp_path):
+    """The replayed capture's newest sample is long past: from monitoring (--max-age) that is
+    UNKNOWN, "is the agent running?"; a post-mortem without --max-age still reports it."""
+    db = tmp_path / "x.db"  # a plain path is a SQLite store
+    assert run("agent", "--replay", str(H200_CAPTURE), "--db", str(db)).returncode == 0
+    stale = run("diagnose", "localhost", "--db", str(db), "--max-age", "2m")
+    assert stale.returncode == 3
+    assert "is the agent running?" in stale.stdout
+    assert run("diagnose", "localhost", "--db", str(db)).returncode == 0
+
+
+def test_short_window_still_shows_the_ecc_counts(tmp_path):
+    """ECC is read every 10 ticks; a 3 s window still shows the newest counts, not N/A."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url).returncode == 0
+    out = run("diagnose", "localhost", "--db", url, "--window", "3s")
+    assert "uncorrected volatile 0" in out.stdout and "N/A (ECC" not in out.stdout

@@ -62,6 +62,13 @@ RollupRetentionOption = Annotated[
 ]
 
 
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 class Pace(str, Enum):
     fast = "fast"
     recorded = "recorded"
@@ -75,14 +82,16 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    log_level: Annotated[str, typer.Option("--log-level", envvar="VGPUMON_LOG_LEVEL", help="debug, info, warning, error")] = "warning",
+    log_level: Annotated[LogLevel, typer.Option("--log-level", envvar="VGPUMON_LOG_LEVEL", help="How much to log on stderr.")] = LogLevel.warning,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
     logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.WARNING),
+        level=getattr(logging, log_level.value.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Alembic narrates every migration step at INFO; one line from vgpumon.store.migrate says it.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _parse_duration(text: str) -> float:
@@ -113,7 +122,7 @@ def agent(
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
     hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
     slow_every: Annotated[
-        Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks [default: 10, or the capture's].")
+        Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
     host_every: Annotated[int, typer.Option(min=1, help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks.")] = 5,
@@ -139,7 +148,7 @@ def agent(
 
     Examples:\n
       vgpumon agent                                     # sample into the default SQLite store\n
-      vgpumon agent --replay tests/data/h200-capture.jsonl.gz --db sqlite:///demo.db
+      vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
     """
     from vgpumon.agent import Agent
     from vgpumon.config import default_db_url, default_hostname, default_spool_dir
@@ -153,6 +162,7 @@ def agent(
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
     source = NvmlSource(backend, slow_every=slow_every, use_gpm=not no_gpm)
+    source.start()  # no NVIDIA stack: exit 69 here, before a store is created for nothing
     url = db or default_db_url()
     raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
     try:
@@ -359,6 +369,10 @@ def diagnose(
     db: DbOption = None,
     window: Annotated[str, typer.Option(help="Window ending at the host's newest stored sample (15m, 1h, 900s).")] = "15m",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    max_age: Annotated[
+        Optional[str],
+        typer.Option(help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. Default: report on whatever is stored."),
+    ] = None,
 ) -> None:
     """Report per GPU what the store shows for a recent window, for the on-call engineer.
 
@@ -371,11 +385,12 @@ def diagnose(
     from vgpumon.store import Store
 
     seconds = _parse_duration(window)
+    max_age_s = _parse_duration(max_age) if max_age else None
     url = db or default_db_url()
     try:
         store = Store(url, create=False)
         try:
-            report = build_report(store, host, window_seconds=seconds)
+            report = build_report(store, host, window_seconds=seconds, max_age_seconds=max_age_s)
         finally:
             store.close()
     except StoreUnavailableError as exc:

@@ -53,6 +53,15 @@ XID_SEVERITY = {48: "critical", 74: "critical", 79: "critical", 95: "critical", 
 #: PCIe replays per minute above which DCGM warns: ceil(1e-12 × lane rate × 60 × lanes), x16.
 REPLAY_BUDGET_PER_MINUTE = {3: 8, 4: 16, 5: 31}
 
+#: Columns whose newest reading stays current until the next one (counters, latched flags).
+CUMULATIVE = frozenset(
+    {
+        "ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "ecc_corrected_aggregate_total",
+        "ecc_uncorrected_aggregate_total", "remapped_rows_uncorrectable_total", "remapped_rows_pending",
+        "remapped_rows_failure", "pcie_replay_total",
+    }
+)
+
 SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
 _RANK = {"info": -1, "ok": 0, "warning": 1, "critical": 2, "unknown": 3}
 
@@ -99,8 +108,13 @@ def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology
     no_data = "no samples in window" if n == 0 else "not reported by this GPU in the window"
 
     def lv(name: str) -> Any:
+        # Cumulative counters (ECC, remapped rows, replays) are read by the slow set only every
+        # few ticks: their newest reading up to the window's end is the current count even when
+        # it is older than the window's start. Gauges must fall inside the window.
         item = last.get(name)
-        return item[1] if item is not None and item[0] >= start else None
+        if item is None:
+            return None
+        return item[1] if item[0] >= start or name in CUMULATIVE else None
 
     unknown: dict[str, str] = {}
 
@@ -234,7 +248,9 @@ def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology
     }
 
 
-def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now: float | None = None) -> dict[str, Any]:
+def build_report(
+    store: Store, host: str, *, window_seconds: float = 900.0, now: float | None = None, max_age_seconds: float | None = None
+) -> dict[str, Any]:
     """Build the diagnose report of one host from the store.
 
     Args:
@@ -242,6 +258,9 @@ def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now:
         host: host name as stored; ``localhost`` means this machine.
         window_seconds: length of the window that ends at the host's newest stored sample.
         now: current time (epoch seconds) for the sample age; ``time.time()`` when ``None``.
+        max_age_seconds: when set, a newest sample older than this makes the report UNKNOWN
+            ("is the agent running?"), as monitoring plugins treat stale data; ``None`` reports
+            on whatever the store holds (replays, post-mortems).
 
     Returns:
         A JSON-able dict: ``host``, ``status`` (``ok``/``warning``/``critical``/``unknown``),
@@ -270,11 +289,15 @@ def build_report(store: Store, host: str, *, window_seconds: float = 900.0, now:
     start = end - window_seconds
     report["window"] = {"start": _iso(start), "end": _iso(end), "seconds": window_seconds}
     report["newest_sample_age_seconds"] = max(0.0, now - end)
+    if max_age_seconds is not None and now - end > max_age_seconds:
+        report["findings"].append(
+            {"severity": "unknown", "message": f"newest sample is {now - end:.0f} s old (> {max_age_seconds:.0f} s): is the agent running?"}
+        )
     topology = store.topology(hostname)
     index_of = {g.identity.uuid: g.identity.index for g in gpus}
     report["gpus"] = [_gpu_report(store, g, start, end, topology, index_of) for g in gpus]
     worst = "ok"
-    for gpu in report["gpus"]:
+    for gpu in [*report["gpus"], {"findings": report["findings"]}]:
         for f in gpu["findings"]:
             if _RANK[f["severity"]] > _RANK[worst]:
                 worst = f["severity"]

@@ -214,6 +214,7 @@ class NvmlSource:
         self._xid_counts: dict[str, Counter[int]] = {}
         self._xid_last: dict[str, dict[int, float]] = {}
         self._xid_warned = False
+        self._started = False
 
     def _backoff(self, failures: int) -> int:
         return min(2 ** max(failures - 1, 0), self.max_backoff_ticks)
@@ -230,7 +231,12 @@ class NvmlSource:
         Raises:
             NvmlUnavailableError: no NVIDIA stack on this host (library not found, driver not
                 loaded); the message names the cause.
+
+        Calling it again returns the same GPUs (the CLI starts NVML before it opens the store,
+        so that a host without a driver leaves no empty store behind).
         """
+        if self._started:
+            return self.gpus
         try:
             self._init()
         except NvmlCallError as exc:
@@ -238,6 +244,7 @@ class NvmlSource:
                 raise NvmlUnavailableError(f"NVML unavailable: {_describe(exc)}") from None
             log.error("NVML unavailable: %s; retrying with back-off", _describe(exc))
             self._lib_down = (_describe(exc), 1, self._tick + self._backoff(1))
+        self._started = True
         return self.gpus
 
     def _init(self) -> None:

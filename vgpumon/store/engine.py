@@ -43,7 +43,7 @@ def make_engine(url: str, *, create_dirs: bool = True, busy_timeout_ms: int = DE
 
     Args:
         url: SQLAlchemy URL, e.g. ``sqlite:///var/lib/vgpumon/vgpumon.db`` or
-            ``postgresql+psycopg://user@host/db``.
+            ``postgresql+psycopg://user@host/db``; a plain path means a SQLite file.
         create_dirs: create the parent directory of a SQLite file when missing.
         busy_timeout_ms: SQLite: how long a write waits for another writer's lock before it
             fails (ms).
@@ -51,6 +51,8 @@ def make_engine(url: str, *, create_dirs: bool = True, busy_timeout_ms: int = DE
     Raises:
         StoreUnavailableError: the URL is malformed or its driver is not installed.
     """
+    if "://" not in url:  # a plain file path: the SQLite store people mean when they type one
+        url = f"sqlite:///{Path(url).expanduser().resolve()}"
     try:
         parsed = make_url(url)
     except ArgumentError:
