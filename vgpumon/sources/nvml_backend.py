@@ -243,7 +243,7 @@ class LiveBackend:
         self._stop.set()
         for thread in (self._xid_thread, self._pcie_thread):
             if thread is not None:
-                thread.join(timeout=2.0)
+                thread.join(timeout=3.0)
         self._xid_thread = self._pcie_thread = None
         for index in list(self._gpm_prev):
             self._free_gpm(index)
@@ -373,7 +373,9 @@ class LiveBackend:
         nv = self._lib()
         while active and not self._stop.is_set():
             try:
-                data = nv.nvmlEventSetWait_v2(event_set, 500)
+                # 2 s: each empty wake-up costs ~0.1 ms of CPU (a profile of the agent on the
+                # H200 found the waiter at 8 % of the agent's CPU with 0.5 s); stop waits ≤ 2 s.
+                data = nv.nvmlEventSetWait_v2(event_set, 2000)
             except nv.NVMLError as exc:
                 if int(exc.value) != NVML_ERROR_TIMEOUT:
                     self._stop.wait(1.0)  # a GPU went away mid-wait: retry, do not spin
