@@ -348,6 +348,9 @@ def record(
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.nvml_backend import LiveBackend, RecordingBackend
 
+    probe = NvmlSource(LiveBackend())
+    probe.start()  # no NVIDIA stack: exit 69 before a capture file is created
+    probe.close()
     recorder = RecordingBackend(
         LiveBackend(),
         file,
