@@ -100,9 +100,16 @@ def _path(topology: Any, uuid: str, index_of: dict[str, int]) -> list[dict[str, 
     return out
 
 
-def _gpu_report(store: Store, gpu: StoredGpu, start: float, end: float, topology: Any = None, index_of: dict[str, int] | None = None) -> dict[str, Any]:
+def _gpu_report(
+    store: Store,
+    gpu: StoredGpu,
+    start: float,
+    end: float,
+    agg: dict[str, Any],
+    topology: Any = None,
+    index_of: dict[str, int] | None = None,
+) -> dict[str, Any]:
     g = gpu.identity
-    agg = store.window_aggregates(gpu.id, start, end, WINDOW_COLUMNS)
     last = store.last_values(gpu.id, end, LAST_COLUMNS)
     n = agg["samples"] or 0
     no_data = "no samples in window" if n == 0 else "not reported by this GPU in the window"
@@ -295,7 +302,10 @@ def build_report(
         )
     topology = store.topology(hostname)
     index_of = {g.identity.uuid: g.identity.index for g in gpus}
-    report["gpus"] = [_gpu_report(store, g, start, end, topology, index_of) for g in gpus]
+    # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
+    # every page once per GPU (docs/benchmarks.md, store section)
+    aggs = store.window_aggregates_many([g.id for g in gpus], start, end, WINDOW_COLUMNS)
+    report["gpus"] = [_gpu_report(store, g, start, end, aggs[g.id], topology, index_of) for g in gpus]
     worst = "ok"
     for gpu in [*report["gpus"], {"findings": report["findings"]}]:
         for f in gpu["findings"]:
