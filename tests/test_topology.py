@@ -76,3 +76,9 @@ def test_agent_stores_topology_and_diagnose_names_the_sharers(tmp_path):
     from vgpumon.render import render_diagnose
 
     assert "root 0000:00:03.0 Gen5 x16, shared with GPU 4, 6, 7" in render_diagnose(report)
+
+
+def test_sysfs_snapshot_of_a_materialized_snapshot_is_the_same(tmp_path):
+    """Recording (snapshot) and re-creating (materialize) sysfs are inverse: what a GPU host
+    records is what the tests read."""
+    assert sysfs.snapshot([H200], sysfs.materialize(REAL, tmp_path)) == REAL

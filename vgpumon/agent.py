@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
+from vgpumon.pacing import wait_for_slot
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
@@ -386,15 +387,7 @@ class Agent:
                 if self.on_tick is not None:
                     self.on_tick(snap)
                 if self.paced:
-                    k += 1
-                    delay = start + k * self.interval - self.monotonic()
-                    if delay < 0:  # overran: skip the missed slots rather than burst to catch up
-                        k += int(-delay // self.interval) + 1
-                        delay = start + k * self.interval - self.monotonic()
-                    try:
-                        await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))
-                    except asyncio.TimeoutError:
-                        pass
+                    k = await wait_for_slot(stop, start, k, self.interval, self.monotonic)
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay
         finally:

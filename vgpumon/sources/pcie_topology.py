@@ -113,6 +113,33 @@ def _width(text: str | None) -> int | None:
     return width if width and width > 0 else None  # 0 / 255 mean "no link"
 
 
+def device_chain(bdf: str, sysfs_root: str | Path = "/sys") -> list[tuple[str, Path]]:
+    """The PCI path of a device in sysfs, host bridge first, the device last.
+
+    ``/sys/bus/pci/devices/<bdf>`` links to ``/sys/devices/pci0000:00/0000:00:01.0/…/<bdf>``:
+    the directories on the way are the bridges above the device.
+
+    Returns:
+        ``(name, directory)`` per hop (``pci0000:00`` for the host bridge, then BDFs); empty when
+        sysfs has no such device (an agent in a container without ``/sys``).
+    """
+    link = Path(sysfs_root) / "bus" / "pci" / "devices" / bdf
+    if not link.exists():
+        return []
+    parts = Path(os.path.realpath(link)).parts
+    try:
+        start = next(i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p)
+    except StopIteration:
+        return []
+    cur = Path(*parts[: start + 1])
+    chain = [(parts[start], cur)]
+    for part in parts[start + 1 :]:
+        cur = cur / part
+        if _BDF.match(part):
+            chain.append((part, cur))
+    return chain
+
+
 def read_topology(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> PcieTopology:
     """Read the PCIe path of each GPU from sysfs.
 
@@ -130,24 +157,10 @@ def read_topology(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") 
         if not gpu.pci_bus_id:
             continue
         bdf = nvml_bus_id_to_bdf(gpu.pci_bus_id)
-        link = root / "bus" / "pci" / "devices" / bdf
-        if not link.exists():
+        chain = device_chain(bdf, root)
+        if not chain:
             hops.setdefault(bdf, PcieHop(bdf=bdf, kind="gpu", parent_bdf=None, uuid=gpu.uuid))
             continue
-        real = Path(os.path.realpath(link))
-        parts = real.parts
-        # .../devices/pci0000:00/0000:00:01.0/0000:01:00.0/.../<bdf>
-        try:
-            start = next(i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p)
-        except StopIteration:
-            hops.setdefault(bdf, PcieHop(bdf=bdf, kind="gpu", parent_bdf=None, uuid=gpu.uuid))
-            continue
-        cur = Path(*parts[: start + 1])
-        chain = [(parts[start], cur)]
-        for part in parts[start + 1 :]:
-            cur = cur / part
-            if _BDF.match(part):
-                chain.append((part, cur))
         for depth, (name, here) in enumerate(chain):
             if name in hops:
                 continue

@@ -16,7 +16,14 @@ from typing import Any, Callable, Sequence
 from sqlalchemy import Table
 
 from vgpumon.model import GpuSample
-from vgpumon.store.schema import ACTIVITY_SOURCES, SAMPLE_VALUE_COLUMNS, EpochMillis, FixedPoint, GpuSampleRow, gpu_samples_1m
+from vgpumon.store.schema import (
+    ACTIVITY_SOURCES,
+    SAMPLE_VALUE_COLUMNS,
+    EpochMillis,
+    FixedPoint,
+    GpuSampleRow,
+    gpu_samples_1m,
+)
 
 #: A ``gpu_samples`` row as stored: values in ``GPU_ROW_COLUMNS`` order.
 GpuRow = tuple[Any, ...]

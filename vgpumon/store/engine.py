@@ -11,7 +11,6 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from vgpumon.errors import StoreUnavailableError
 
-
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_coerce
@@ -41,7 +41,7 @@ _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_
 _TABLES = {"host_samples": HostSample.__table__, "xid_events": XidEvent.__table__, "gpu_process_samples": GpuProcessSample.__table__}
 
 
-def _insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
+def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
     """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
@@ -86,7 +86,7 @@ class Store:
         self.dialect = engine.dialect.name
         #: (table, day ms) partitions known to exist (Postgres).
         self._partitions: set[tuple[str, int]] = set()
-        self._extra_inserts = {name: _insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}
+        self._extra_inserts = {name: insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}
         self._process_ids: dict[tuple[int, int, float | None], int] = {}
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:

@@ -8,9 +8,10 @@ from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.store import partitions
 from vgpumon.sources.vllm.source import InstanceIdentity, ServerSample
 from vgpumon.sources.vllm.state import ServerState
+from vgpumon.store import partitions
+from vgpumon.store.repository import insert_ignoring_duplicates
 from vgpumon.store.schema import Host
 from vgpumon.store.vllm_schema import (
     PREFIX_CACHE_UNIT_NAMES,
@@ -30,14 +31,6 @@ _VALUE_COLUMNS = tuple(
     c.name for c in _SAMPLES.columns
     if c.name not in {"instance_id", "ts", "state", "telemetry_up", "prefix_cache_unit"}
 )
-
-
-def _insert_ignoring_duplicates(engine: Engine, table: Any) -> Any:
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
 
 
 def _identity_filter(host_id: int, ident: InstanceIdentity) -> Any:
@@ -60,8 +53,8 @@ class VllmRepository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._ids: dict[tuple[str, InstanceIdentity], int] = {}
-        self._insert_samples = _insert_ignoring_duplicates(engine, _SAMPLES)
-        self._insert_engines = _insert_ignoring_duplicates(engine, _ENGINES)
+        self._insert_samples = insert_ignoring_duplicates(engine.dialect.name, _SAMPLES)
+        self._insert_engines = insert_ignoring_duplicates(engine.dialect.name, _ENGINES)
         self._partitions: set[tuple[str, int]] = set()  # (table, day ms) known to exist (Postgres)
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vgpumon.model import GpuIdentity
-from vgpumon.sources.pcie_topology import nvml_bus_id_to_bdf
+from vgpumon.sources.pcie_topology import device_chain, nvml_bus_id_to_bdf
 
 LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 
@@ -27,17 +27,15 @@ def snapshot(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> di
         if not g.pci_bus_id:
             continue
         bdf = nvml_bus_id_to_bdf(g.pci_bus_id)
-        link = root / "bus" / "pci" / "devices" / bdf
-        if not link.exists():
+        chain = device_chain(bdf, root)
+        if not chain:
             continue
-        real = Path(os.path.realpath(link)).relative_to(root.resolve())
-        links[bdf] = str(real)
-        cur = root
-        for part in real.parts:
-            cur = cur / part
+        real = root.resolve()
+        links[bdf] = str(chain[-1][1].relative_to(real))
+        for _, here in chain:
             for name in LINK_FILES:
                 try:
-                    files[str((cur / name).relative_to(root))] = (cur / name).read_text().strip()
+                    files[str((here / name).relative_to(real))] = (here / name).read_text().strip()
                 except OSError:
                     pass
     return {"links": links, "files": files}

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from vgpumon.model import Snapshot
+from vgpumon.pacing import wait_for_slot
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
@@ -365,15 +366,7 @@ class VllmSource:
         k = 0
         while not stop.is_set():
             yield await self.poll()
-            k += 1
-            delay = start + k * self.interval - time.monotonic()
-            if delay < 0:  # a poll overran: skip missed slots
-                k += int(-delay // self.interval) + 1
-                delay = start + k * self.interval - time.monotonic()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))
-            except asyncio.TimeoutError:
-                pass
+            k = await wait_for_slot(stop, start, k, self.interval, time.monotonic)
 
     async def close(self) -> None:
         """Close the HTTP session (when the source made it) and the worker thread."""

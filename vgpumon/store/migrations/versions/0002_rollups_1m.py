@@ -12,7 +12,6 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = '0002'
 down_revision: Union[str, None] = '0001'
 branch_labels: Union[str, Sequence[str], None] = None
