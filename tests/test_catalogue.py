@@ -32,3 +32,21 @@ def test_units_are_base_units_in_names():
 
 def test_docs_metrics_md_is_generated_from_the_catalogue():
     assert DOC.read_text() == render_markdown(), "run: python -m vgpumon.catalogue > docs/metrics.md"
+
+
+def test_the_store_imports_no_source():
+    """History must not depend on the code that reads hardware: what crosses from a source to the
+    store is model (``vgpumon.model``). Checked on the source text, so a lazy import counts too."""
+    import ast
+
+    store_dir = Path(__file__).resolve().parents[1] / "vgpumon" / "store"
+    offenders = []
+    for path in sorted(store_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("vgpumon.sources")]
+    assert offenders == []

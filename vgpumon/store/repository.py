@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.model import GpuIdentity, GpuSample
+from vgpumon.model import GpuIdentity, GpuSample, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
 from vgpumon.store.engine import make_engine
@@ -318,7 +318,6 @@ class Store:
 
     def topology(self, hostname: str) -> Any:
         """The stored PCIe tree of a host as a ``PcieTopology`` (empty when never read)."""
-        from vgpumon.sources.pcie_topology import PcieHop, PcieTopology
 
         t = PcieLink.__table__
         try:

@@ -8,8 +8,7 @@ from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.sources.vllm.source import InstanceIdentity, ServerSample
-from vgpumon.sources.vllm.state import ServerState
+from vgpumon.model import InstanceIdentity, ServerSample, ServerState
 from vgpumon.store import partitions
 from vgpumon.store.repository import insert_ignoring_duplicates
 from vgpumon.store.schema import Host

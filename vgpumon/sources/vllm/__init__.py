@@ -2,9 +2,9 @@
 interval figures (``derive``), KV fragmentation (``kv``), per-server state (``state``) and the
 asynchronous scraper that ties them together (``source``). See docs/vllm.md."""
 
+from vgpumon.model import InstanceIdentity, ServerSample, ServerState
 from vgpumon.sources.vllm.discovery import NoProcesses, PsutilProcessTable, VllmProcess
-from vgpumon.sources.vllm.source import GpuActivityLog, InstanceIdentity, ServerSample, VllmSource
-from vgpumon.sources.vllm.state import ServerState
+from vgpumon.sources.vllm.source import GpuActivityLog, VllmSource
 
 __all__ = [
     "GpuActivityLog",

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from vgpumon.model import Snapshot
+from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState, Snapshot
 from vgpumon.pacing import wait_for_slot
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
@@ -46,129 +46,12 @@ from vgpumon.sources.vllm.state import (
     TOO_LARGE,
     Lifecycle,
     Observation,
-    ServerState,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # a real 0.32 scrape is ~50 kB; many LoRA adapters × buckets stay far below
 _ACCEPT_METRICS = "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5"
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceIdentity:
-    """One start of one server: host, port, pid and process start time (static targets: no pid;
-    ``first_seen`` distinguishes their starts).
-
-    Attributes:
-        host: the host the agent runs on is the server's host; this is the address scraped.
-        port: HTTP port.
-        url: base URL (``http://127.0.0.1:8000``).
-        origin: ``"discovered"`` (process table) or ``"static"`` (configured URL).
-        pid: API server pid; ``None`` for static targets.
-        process_start: process start time (epoch seconds); ``None`` for static targets.
-        first_seen: when the agent first saw this start (epoch seconds, injected clock).
-    """
-
-    host: str
-    port: int
-    url: str
-    origin: str
-    pid: int | None
-    process_start: float | None
-    first_seen: float
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSample:
-    """One ``(model_name, engine)`` series of one poll (data-parallel engines are kept apart)."""
-
-    model_name: str | None
-    engine: str | None
-    running: float | None
-    waiting: float | None
-    kv_cache_usage_ratio: float | None
-
-
-@dataclass(frozen=True)
-class ServerSample:
-    """What one poll saw of one server, in base units; ``None`` = unknown.
-
-    Identity and start (the same for every sample of one start):
-        instance, version (``/version``), model_names (``/v1/models``, else ``model_name``
-        labels), first_connect_ts, ready_ts, prewarm_seconds (process start → first
-        ``/health`` 200), prewarm_gpu_active_ratio (mean SM activity of the server's GPUs over
-        the prewarm window; ``utilization.gpu`` where the GPU has no GPM, see
-        ``prewarm_gpu_activity_source``), ended (the process is gone; last sample of the start).
-
-    Per poll:
-        ts (epoch seconds), state, reason, health_status, metrics_error, telemetry
-        (``"full"``, ``"limited"`` without ``vllm:`` metrics, ``"down"``), running, waiting
-        (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
-        *_per_second rates from counters, prefix_cache_hit_ratio (+ unit of the counters),
-        latency quantiles in seconds, kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
-        sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
-        server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
-        scrape_seconds (wall time of this server's requests), generation_tokens_total (the
-        cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
-        scrape), reading (the parsed scrape itself, not stored).
-    """
-
-    instance: InstanceIdentity
-    ts: float
-    state: ServerState
-    reason: str
-    version: str | None = None
-    model_names: tuple[str, ...] = ()
-    first_connect_ts: float | None = None
-    ready_ts: float | None = None
-    prewarm_seconds: float | None = None
-    prewarm_gpu_active_ratio: float | None = None
-    prewarm_gpu_activity_source: str | None = None
-    ended: bool = False
-    health_status: int | None = None
-    metrics_error: str | None = None
-    telemetry: str | None = None
-    running: float | None = None
-    waiting: float | None = None
-    kv_cache_usage_ratio: float | None = None
-    kv_cache_usage_mean_ratio: float | None = None
-    prompt_tokens_per_second: float | None = None
-    generation_tokens_per_second: float | None = None
-    preemptions_per_second: float | None = None
-    requests_finished_per_second: float | None = None
-    prefix_cache_hit_ratio: float | None = None
-    prefix_cache_unit: str | None = None
-    ttft_p50_seconds: float | None = None
-    ttft_p95_seconds: float | None = None
-    ttft_p99_seconds: float | None = None
-    itl_p50_seconds: float | None = None
-    itl_p95_seconds: float | None = None
-    itl_p99_seconds: float | None = None
-    e2e_p50_seconds: float | None = None
-    e2e_p95_seconds: float | None = None
-    e2e_p99_seconds: float | None = None
-    queue_p50_seconds: float | None = None
-    queue_p95_seconds: float | None = None
-    queue_p99_seconds: float | None = None
-    kv_block_size: int | None = None
-    kv_num_gpu_blocks: int | None = None
-    kv_cache_size_tokens: int | None = None
-    kv_blocks_used: float | None = None
-    kv_fragmentation_ratio: float | None = None
-    kv_token_occupancy_ratio: float | None = None
-    kv_estimate_approximate: bool | None = None
-    gauges_stale: bool = False
-    sleep_state: str | None = None
-    server_load: float | None = None
-    rss_bytes: int | None = None
-    cpu_seconds_per_second: float | None = None
-    gpu_uuids: tuple[str, ...] = ()
-    engines: tuple[EngineSample, ...] = ()
-    scrape_seconds: float | None = None
-    generation_tokens_total: float | None = None
-    engine_labels: tuple[str, ...] = ()
-    reading: MetricsReading | None = field(default=None, compare=False, repr=False)
 
 
 class GpuActivityLog:

@@ -25,38 +25,9 @@ poll's time from the injected clock, and never reads a clock or the network itse
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
-
-class ServerState(str, enum.Enum):
-    """States of one vLLM server; ``code`` is the stored SmallInteger."""
-
-    STARTING = "starting"
-    READY = "ready"
-    BUSY = "busy"
-    IDLE = "idle"
-    HUNG = "hung"
-    SLEEPING = "sleeping"
-    TELEMETRY_DOWN = "telemetry_down"
-    DEAD = "dead"
-    FAILED_TO_START = "failed_to_start"
-
-    @property
-    def code(self) -> int:
-        return _CODES[self]
-
-    @classmethod
-    def from_code(cls, code: int) -> "ServerState":
-        return _BY_CODE[code]
-
-    @property
-    def terminal(self) -> bool:
-        return self in (ServerState.DEAD, ServerState.FAILED_TO_START)
-
-
-_CODES = {s: i for i, s in enumerate(ServerState, start=1)}
-_BY_CODE = {i: s for s, i in _CODES.items()}
+from vgpumon.model import ServerState
 
 # What a failed request looks like, as the scraper reports it.
 REFUSED = "refused"  # nothing listens on the port (ECONNREFUSED)

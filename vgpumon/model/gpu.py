@@ -1,4 +1,4 @@
-"""Immutable data model: what one tick saw, in base units.
+"""GPU and host data: what one tick saw, in base units.
 
 Units: seconds, bytes, bytes/s, ratio 0–1, celsius, watts, joules, hertz. ``None`` always means
 "not known" (not supported, no permission, error, device down, not sampled this tick); the reason

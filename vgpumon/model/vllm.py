@@ -1,0 +1,155 @@
+"""vLLM servers as data: one start's identity, its state, and what one poll saw. Produced by
+``vgpumon.sources.vllm``, stored by ``vgpumon.store.vllm_repository``."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ServerState(str, enum.Enum):
+    """States of one vLLM server; ``code`` is the stored SmallInteger."""
+
+    STARTING = "starting"
+    READY = "ready"
+    BUSY = "busy"
+    IDLE = "idle"
+    HUNG = "hung"
+    SLEEPING = "sleeping"
+    TELEMETRY_DOWN = "telemetry_down"
+    DEAD = "dead"
+    FAILED_TO_START = "failed_to_start"
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+    @classmethod
+    def from_code(cls, code: int) -> "ServerState":
+        return _BY_CODE[code]
+
+    @property
+    def terminal(self) -> bool:
+        return self in (ServerState.DEAD, ServerState.FAILED_TO_START)
+
+
+_CODES = {s: i for i, s in enumerate(ServerState, start=1)}
+_BY_CODE = {i: s for s, i in _CODES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceIdentity:
+    """One start of one server: host, port, pid and process start time (static targets: no pid;
+    ``first_seen`` distinguishes their starts).
+
+    Attributes:
+        host: the host the agent runs on is the server's host; this is the address scraped.
+        port: HTTP port.
+        url: base URL (``http://127.0.0.1:8000``).
+        origin: ``"discovered"`` (process table) or ``"static"`` (configured URL).
+        pid: API server pid; ``None`` for static targets.
+        process_start: process start time (epoch seconds); ``None`` for static targets.
+        first_seen: when the agent first saw this start (epoch seconds, injected clock).
+    """
+
+    host: str
+    port: int
+    url: str
+    origin: str
+    pid: int | None
+    process_start: float | None
+    first_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One ``(model_name, engine)`` series of one poll (data-parallel engines are kept apart)."""
+
+    model_name: str | None
+    engine: str | None
+    running: float | None
+    waiting: float | None
+    kv_cache_usage_ratio: float | None
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """What one poll saw of one server, in base units; ``None`` = unknown.
+
+    Identity and start (the same for every sample of one start):
+        instance, version (``/version``), model_names (``/v1/models``, else ``model_name``
+        labels), first_connect_ts, ready_ts, prewarm_seconds (process start → first
+        ``/health`` 200), prewarm_gpu_active_ratio (mean SM activity of the server's GPUs over
+        the prewarm window; ``utilization.gpu`` where the GPU has no GPM, see
+        ``prewarm_gpu_activity_source``), ended (the process is gone; last sample of the start).
+
+    Per poll:
+        ts (epoch seconds), state, reason, health_status, metrics_error, telemetry
+        (``"full"``, ``"limited"`` without ``vllm:`` metrics, ``"down"``), running, waiting
+        (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
+        *_per_second rates from counters, prefix_cache_hit_ratio (+ unit of the counters),
+        latency quantiles in seconds, kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
+        sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
+        server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
+        scrape_seconds (wall time of this server's requests), generation_tokens_total (the
+        cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
+        scrape), reading (the parsed scrape itself, not stored).
+    """
+
+    instance: InstanceIdentity
+    ts: float
+    state: ServerState
+    reason: str
+    version: str | None = None
+    model_names: tuple[str, ...] = ()
+    first_connect_ts: float | None = None
+    ready_ts: float | None = None
+    prewarm_seconds: float | None = None
+    prewarm_gpu_active_ratio: float | None = None
+    prewarm_gpu_activity_source: str | None = None
+    ended: bool = False
+    health_status: int | None = None
+    metrics_error: str | None = None
+    telemetry: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    kv_cache_usage_mean_ratio: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    requests_finished_per_second: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_unit: str | None = None
+    ttft_p50_seconds: float | None = None
+    ttft_p95_seconds: float | None = None
+    ttft_p99_seconds: float | None = None
+    itl_p50_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    e2e_p50_seconds: float | None = None
+    e2e_p95_seconds: float | None = None
+    e2e_p99_seconds: float | None = None
+    queue_p50_seconds: float | None = None
+    queue_p95_seconds: float | None = None
+    queue_p99_seconds: float | None = None
+    kv_block_size: int | None = None
+    kv_num_gpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_blocks_used: float | None = None
+    kv_fragmentation_ratio: float | None = None
+    kv_token_occupancy_ratio: float | None = None
+    kv_estimate_approximate: bool | None = None
+    gauges_stale: bool = False
+    sleep_state: str | None = None
+    server_load: float | None = None
+    rss_bytes: int | None = None
+    cpu_seconds_per_second: float | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    engines: tuple[EngineSample, ...] = ()
+    scrape_seconds: float | None = None
+    generation_tokens_total: float | None = None
+    engine_labels: tuple[str, ...] = ()
+    #: the parsed scrape (``vgpumon.sources.vllm.metrics.MetricsReading``); not stored
+    reading: Any = field(default=None, compare=False, repr=False)
