@@ -21,8 +21,9 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from vgpumon.catalogue import is_rejection
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
 from vgpumon.pacing import wait_for_slot
@@ -30,6 +31,7 @@ from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
+from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, Backlog
 
@@ -266,37 +268,60 @@ class Agent:
             )
 
     def _tick_rows(self, snap: Snapshot) -> TickRows:
-        """The rows one tick writes, per table."""
+        """The rows one tick writes, per table.
+
+        Every value rejected at the door (or that cannot be encoded) becomes a
+        ``rejected_values`` row beside its NULL, so reports can count them; it costs only its
+        own field, never its row or the batch.
+        """
         ids = self._gpu_ids
+        host_id = self._host_id
+        rejected: list[dict[str, Any]] = []
+
+        def reject(ts: float, subject: str, failed: Mapping[str, str]) -> None:
+            if host_id is not None:
+                for name, reason in failed.items():
+                    if is_rejection(reason):
+                        rejected.append({"host_id": host_id, "ts": ts, "subject": subject, "field": name[:64], "reason": reason[:255]})
+
+        gpu_rows = []
+        for s in snap.samples:
+            if s.uuid not in ids:
+                continue
+            failed: dict[str, str] = {}
+            gpu_rows.append(encode_gpu_sample(ids[s.uuid], s, failed))
+            reject(s.ts, f"gpu:{s.uuid}", {**s.missing, **failed})
         rows: TickRows = {
-            "gpu_samples": [Store.sample_row(ids[s.uuid], s) for s in snap.samples if s.uuid in ids],
+            "gpu_samples": gpu_rows,
             "xid_events": [{"gpu_id": ids[e.uuid], "ts": e.ts, "xid": e.xid} for e in snap.xid_events if e.uuid in ids],
         }
         h: HostSample | None = snap.host
-        if h is not None and self._host_id is not None:
-            rows["host_samples"] = [
-                {
-                    "host_id": self._host_id, "ts": h.ts, "cpu_ratio": h.cpu_ratio,
-                    "memory_used_bytes": h.memory_used_bytes, "memory_total_bytes": h.memory_total_bytes,
-                    "load1": h.load1, "load5": h.load5, "load15": h.load15,
-                }
-            ]
+        if h is not None and host_id is not None:
+            host_row = {
+                "host_id": host_id, "ts": h.ts, "cpu_ratio": h.cpu_ratio,
+                "memory_used_bytes": h.memory_used_bytes, "memory_total_bytes": h.memory_total_bytes,
+                "load1": h.load1, "load5": h.load5, "load15": h.load15,
+            }
+            reject(h.ts, "host", {**h.missing, **storable("host_samples", host_row)})
+            rows["host_samples"] = [host_row]
             procs = []
             for s in snap.samples:
                 for pid, used in s.processes:
                     p = h.processes.get(pid)
                     if p is None or s.uuid not in ids:
                         continue
-                    procs.append(
-                        {
-                            "host_id": self._host_id, "gpu_id": ids[s.uuid], "ts": s.ts, "pid": pid,
-                            "start_time": p.start_time, "name": p.name, "cmdline": p.cmdline, "username": p.username,
-                            "container_id": p.container_id, "resolved": p.resolved, "used_gpu_memory_bytes": used,
-                            "rss_bytes": p.rss_bytes, "cpu_seconds_total": p.cpu_seconds_total,
-                        }
-                    )
+                    row = {
+                        "host_id": host_id, "gpu_id": ids[s.uuid], "ts": s.ts, "pid": pid,
+                        "start_time": p.start_time, "name": p.name, "cmdline": p.cmdline, "username": p.username,
+                        "container_id": p.container_id, "resolved": p.resolved, "used_gpu_memory_bytes": used,
+                        "rss_bytes": p.rss_bytes, "cpu_seconds_total": p.cpu_seconds_total,
+                    }
+                    reject(s.ts, f"gpu:{s.uuid}", storable("gpu_process_samples", row))
+                    procs.append(row)
             rows["gpu_process_samples"] = procs
+        rows["rejected_values"] = rejected
         return rows
+
     # -- vLLM: its own task and pace; rows through the store thread ----------------------------
 
     async def _write_vllm(self, repo: VllmRepository, batch: list[ServerSample]) -> list[ServerSample]:

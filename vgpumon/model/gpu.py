@@ -233,6 +233,8 @@ class HostSample:
         memory_total_bytes: physical memory.
         load1, load5, load15: load averages (``os.getloadavg``).
         processes: PID → ``ProcessInfo`` for every PID that holds GPU memory this tick.
+        missing: field → why it is ``None`` where psutil answered something impossible
+            (``rejected: …``; a process's figure names its pid in the reason).
     """
 
     ts: float
@@ -243,6 +245,7 @@ class HostSample:
     load5: float | None = None
     load15: float | None = None
     processes: Mapping[int, ProcessInfo] = field(default_factory=dict)
+    missing: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

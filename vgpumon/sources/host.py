@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
+from vgpumon import catalogue
+from vgpumon.catalogue import Door, Rejected
 from vgpumon.model import HostSample, ProcessInfo
 
 # Container ids in cgroup paths: docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope,
@@ -47,6 +50,9 @@ class HostSource:
         self.proc_root = Path(proc_root)
         self._static: dict[tuple[int, float], ProcessInfo] = {}
         self._primed = False
+        # Every psutil figure passes the catalogue's door like NVML's do.
+        self.door = Door((*catalogue.fields_of("host_samples"), *catalogue.fields_of("gpu_process_samples")))
+        self.rejected = self.door.rejected
 
     def sample(self, ts: float, pids: Iterable[int] = ()) -> HostSample:
         """Read the host and the given GPU-holding PIDs.
@@ -55,28 +61,50 @@ class HostSource:
             ``HostSample``; values the platform cannot give are ``None``.
         """
         ps = self.psutil
+        missing: dict[str, str] = {}
+        values: dict[str, Any] = {}
+
+        def put(name: str, raw: Any, scale: float = 1.0) -> None:
+            if raw is None:
+                return
+            try:
+                values[name] = self.door.value(name, raw, scale)
+            except Rejected as exc:
+                missing[name] = exc.reason
+
         cpu = ps.cpu_percent(interval=None)
-        cpu_ratio = cpu / 100.0 if self._primed else None  # the first call has no interval
+        if self._primed:  # the first call has no interval
+            put("cpu_ratio", cpu, 0.01)
         self._primed = True
         vm = ps.virtual_memory()
+        put("memory_total_bytes", vm.total)
+        put("memory_used_bytes", vm.total - vm.available)
         try:
-            load1, load5, load15 = os.getloadavg()
+            loads = os.getloadavg()
         except OSError:
-            load1 = load5 = load15 = None  # type: ignore[assignment]
-        procs = {pid: self._process(pid) for pid in sorted(set(pids))}
+            loads = (None, None, None)
+        for name, raw in zip(("load1", "load5", "load15"), loads):
+            put(name, raw)
+        procs = {pid: self._checked(self._process(pid), missing) for pid in sorted(set(pids))}
         live = {(p.pid, p.start_time) for p in procs.values() if p.resolved}
         for key in [k for k in self._static if k not in live]:
             del self._static[key]
-        return HostSample(
-            ts=ts,
-            cpu_ratio=cpu_ratio,
-            memory_used_bytes=int(vm.total - vm.available),
-            memory_total_bytes=int(vm.total),
-            load1=load1,
-            load5=load5,
-            load15=load15,
-            processes=procs,
-        )
+        return HostSample(ts=ts, processes=procs, missing=missing, **values)
+
+    def _checked(self, p: ProcessInfo, missing: dict[str, str]) -> ProcessInfo:
+        """The process with its RSS and CPU time checked at the door (an impossible one is
+        ``None``, its reason in ``missing`` with the pid)."""
+        bad: dict[str, Any] = {}
+        for name in ("rss_bytes", "cpu_seconds_total"):
+            raw = getattr(p, name)
+            if raw is None:
+                continue
+            try:
+                self.door.value(name, raw)
+            except Rejected as exc:
+                bad[name] = None
+                missing[name] = f"{exc.reason} (pid {p.pid})"
+        return replace(p, **bad) if bad else p
 
     def _process(self, pid: int) -> ProcessInfo:
         ps = self.psutil
@@ -98,8 +126,8 @@ class HostSource:
                 cmdline=static.cmdline,
                 username=static.username,
                 container_id=static.container_id,
-                rss_bytes=int(mem.rss),
-                cpu_seconds_total=float(cpu.user + cpu.system),
+                rss_bytes=mem.rss,
+                cpu_seconds_total=cpu.user + cpu.system,
             )
         except ps.NoSuchProcess:
             return ProcessInfo(pid=pid, resolved=False, unresolved_reason="no such process here (exited, or another PID namespace)")

@@ -20,8 +20,10 @@ Every call goes through ``_Reader.q``:
 * a library lifecycle error (uninitialized, driver not loaded, library/driver version mismatch)
   marks NVML down for the host; it is re-initialised with the same back-off and the static facts
   are read again;
-* impossible values (utilization 4294967295, temperature 644245923, ratios outside 0–100 %) are
-  rejected: ``None`` with reason ``rejected: out of range`` and counted per field.
+* every value passes the field catalogue's door (``vgpumon.catalogue.Door``): a non-number
+  (``"[N/A]"``), NaN, ±Inf, a blank sentinel (4294967295, DCGM's 2147483632 or
+  9223372036854775794) or a value outside the field's range (temperature 644245923, a PCIe rate
+  above 1.25 × the link's capacity) is ``None`` with a ``rejected: …`` reason, counted per field.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from vgpumon import catalogue
+from vgpumon.catalogue import Door, Rejected
 from vgpumon.errors import NvmlUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, NvmlReading, SourceStatus, XidEvent
+from vgpumon.pcie import link_capacity_bytes_per_second
 from vgpumon.sources.nvml_backend import (
     NOT_IN_CAPTURE,
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -81,6 +86,17 @@ GPM_METRICS = (
     GPM_PCIE_RX_PER_SEC,
 )
 _MIB = 1 << 20
+_GPM_FIELDS = {
+    GPM_SM_UTIL: "sm_active_ratio",
+    GPM_SM_OCCUPANCY: "sm_occupancy_ratio",
+    GPM_ANY_TENSOR_UTIL: "tensor_active_ratio",
+    GPM_DRAM_BW_UTIL: "dram_active_ratio",
+    GPM_PCIE_TX_PER_SEC: "pcie_tx_bytes_per_second",
+    GPM_PCIE_RX_PER_SEC: "pcie_rx_bytes_per_second",
+}
+_GPM_PCIE = frozenset({GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC})
+#: ``nvmlDeviceGetPerformanceState`` when the driver does not know the P-state.
+NVML_PSTATE_UNKNOWN = 32
 #: Largest PID Linux can hand out (``pid_max`` limit, 2**22); anything above is not a PID.
 PID_MAX = 4_194_304
 #: A ``nvmlDeviceGetPcieThroughput`` reading older than this is not used for a tick.
@@ -107,27 +123,40 @@ class DeviceDown(Exception):
         self.error = error
 
 
-def _pct_ratio(value: Any) -> float | None:
-    """NVML percent → ratio 0–1; out-of-range readings (e.g. 4294967295) → ``None``."""
-    if not isinstance(value, (int, float)) or not 0 <= value <= 100.0 + 1e-6:
-        return None
-    return min(float(value) / 100.0, 1.0)
-
-
 def _describe(exc: NvmlCallError) -> str:
     hint = _HINTS.get(exc.code)
     return f"{exc.reason} ({hint})" if hint else exc.reason
 
 
 class _Reader:
-    """The choke point: one device, one tick. Collects values and reasons for ``None``."""
+    """The choke point: one device, one tick. Collects values and reasons for ``None``.
 
-    def __init__(self, backend: NvmlBackend, index: int, unsupported: set[tuple[Any, ...]], rejected: Counter[str]) -> None:
+    Every value goes through the catalogue's door (``put``): a reading that is not a number, is
+    NaN/±Inf, a blank sentinel or outside its field's range becomes ``None`` with a
+    ``rejected: …`` reason and is counted.
+    """
+
+    __slots__ = ("backend", "index", "unsupported", "door", "rejected", "missing", "pcie_limit", "memory_limit")
+
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        index: int,
+        unsupported: set[tuple[Any, ...]],
+        door: Door,
+        gpu: GpuIdentity | None = None,
+    ) -> None:
         self.backend = backend
         self.index = index
         self.unsupported = unsupported
-        self.rejected = rejected
+        self.door = door
+        self.rejected = door.rejected
         self.missing: dict[str, str] = {}
+        # Device bounds (catalogue ``Field.limit``): a PCIe rate above 1.25 × the max link's
+        # capacity, or memory above the GPU's total, is not a reading.
+        capacity = None if gpu is None else link_capacity_bytes_per_second(gpu.pcie_link_gen_max, gpu.pcie_link_width_max)
+        self.pcie_limit = None if capacity is None else 1.25 * capacity
+        self.memory_limit = None if gpu is None else gpu.memory_total_bytes
 
     def q(self, field: str, fn: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` for this device; ``None`` (reason in ``missing[field]``) on field errors.
@@ -149,27 +178,25 @@ class _Reader:
             self.missing[field] = exc.reason
             return None
 
-    def reject(self, field: str) -> None:
-        """Record an impossible value for ``field``: ``None`` in the sample, counted."""
-        self.missing[field] = "rejected: out of range"
-        self.rejected[field] += 1
+    def put(self, field: str, raw: Any, v: dict[str, Any], scale: float = 1.0, limit: float | None = None) -> None:
+        """Admit ``raw`` (NVML's unit) × ``scale`` as ``v[field]``; ``None`` stays absent (its
+        reason was set by ``q``); an impossible value is left out with its reason."""
+        if raw is None:
+            return
+        try:
+            v[field] = self.door.value(field, raw, scale, limit)
+        except Rejected as exc:
+            self.missing[field] = exc.reason
 
-    def ratio(self, field: str, percent: Any, v: dict[str, Any]) -> None:
-        if percent is None:
-            return
-        value = _pct_ratio(percent)
-        if value is None:
-            self.reject(field)
-        v[field] = value
-
-    def count(self, field: str, value: Any, v: dict[str, Any], scale: float = 1.0) -> None:
-        """Store a non-negative counter or gauge (optionally scaled); negative → rejected."""
-        if value is None:
-            return
-        if not isinstance(value, (int, float)) or value < 0:
-            self.reject(field)
-            return
-        v[field] = value * scale if scale != 1.0 else value
+    def get(self, field: str, answer: Any, key: str) -> Any:
+        """``answer[key]`` of a struct answer (a dict), or ``None`` with a reason when the
+        answer is not the struct NVML defines (a binding/driver mismatch)."""
+        if isinstance(answer, dict) and key in answer:
+            return answer[key]
+        if answer is not None:
+            self.missing[field] = f"rejected: malformed answer {str(answer)[:40]!r}"
+            self.rejected[field] += 1
+        return None
 
 
 class NvmlSource:
@@ -202,7 +229,10 @@ class NvmlSource:
         self.max_backoff_ticks = max(1, max_backoff_ticks)
         self.gpus: tuple[GpuIdentity, ...] = ()
         self.driver_version: str | None = None
-        self.rejected: Counter[str] = Counter()
+        self.door = Door(
+            (*catalogue.fields_of("gpu_samples"), *catalogue.fields_of("gpus"), *catalogue.fields_of("gpu_process_samples"))
+        )
+        self.rejected: Counter[str] = self.door.rejected
         self.last_success_ts: float | None = None
         self._unsupported: dict[int, set[tuple[Any, ...]]] = {}
         self._tick = 0
@@ -264,37 +294,33 @@ class NvmlSource:
                 self._down[index] = (exc.error.reason, 1, self._tick + 1)
         self.gpus = tuple(gpus)
 
-    def _reader(self, index: int) -> _Reader:
-        return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.rejected)
+    def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader:
+        return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.door, gpu)
 
     def _identity(self, index: int) -> GpuIdentity:
         r = self._reader(index)
-        uuid = r.q("uuid", "nvmlDeviceGetUUID")
-        if uuid is None:
+        v: dict[str, Any] = {}
+        r.put("uuid", r.q("uuid", "nvmlDeviceGetUUID"), v)
+        if "uuid" not in v:  # no identity, no history: the device is treated as down
             raise DeviceDown(NvmlCallError(NVML_ERROR_NOT_SUPPORTED, "nvmlDeviceGetUUID"))
         pci = r.q("pci_bus_id", "nvmlDeviceGetPciInfo")
-        mem = r.q("memory_total_bytes", "nvmlDeviceGetMemoryInfo")
+        r.put("pci_bus_id", r.get("pci_bus_id", pci, "busId") or None, v)
+        r.put("memory_total_bytes", r.get("memory_total_bytes", r.q("memory_total_bytes", "nvmlDeviceGetMemoryInfo"), "total"), v)
         gpm_supported = False
         if self.use_gpm:
             support = r.q("gpm", "nvmlGpmQueryDeviceSupport")
-            gpm_supported = bool(support and support.get("isSupportedDevice"))
-        bus_id = pci.get("busId") if isinstance(pci, dict) else None
-        sm_max = r.q("sm_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM)
-        mem_max = r.q("memory_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_MEM)
-        return GpuIdentity(
-            index=index,
-            uuid=str(uuid),
-            name=r.q("name", "nvmlDeviceGetName"),
-            serial=r.q("serial", "nvmlDeviceGetSerial"),
-            pci_bus_id=str(bus_id) if bus_id else None,
-            memory_total_bytes=int(mem["total"]) if isinstance(mem, dict) else None,
-            pcie_link_gen_max=r.q("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
-            pcie_link_width_max=r.q("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
-            pcie_link_gen_gpu_max=r.q("pcie_link_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
-            gpm_supported=gpm_supported,
-            sm_clock_max_hertz=None if sm_max is None else sm_max * 1e6,
-            memory_clock_max_hertz=None if mem_max is None else mem_max * 1e6,
-        )
+            gpm_supported = bool(isinstance(support, dict) and support.get("isSupportedDevice"))
+        r.put("name", r.q("name", "nvmlDeviceGetName"), v)
+        r.put("serial", r.q("serial", "nvmlDeviceGetSerial"), v)
+        r.put("pcie_link_gen_max", r.q("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"), v)
+        r.put("pcie_link_width_max", r.q("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth"), v)
+        r.put("pcie_link_gen_gpu_max", r.q("pcie_link_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration"), v)
+        r.put("sm_clock_max_hertz", r.q("sm_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM), v, 1e6)
+        r.put("memory_clock_max_hertz", r.q("memory_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_MEM), v, 1e6)
+        for field, reason in r.missing.items():
+            if catalogue.is_rejection(reason):
+                log.warning("GPU %d: %s %s", index, field, reason)
+        return GpuIdentity(index=index, gpm_supported=gpm_supported, **v)
 
     # -- every tick ----------------------------------------------------------------------------
 
@@ -419,25 +445,28 @@ class NvmlSource:
         return replace(s, xid_counts=dict(counts), xid_last_seen=dict(self._xid_last[s.uuid]))
 
     def _sample_device(self, gpu: GpuIdentity, ts: float, slow: bool) -> GpuSample:
-        r = self._reader(gpu.index)
+        r = self._reader(gpu.index, gpu)
         v: dict[str, Any] = {}
 
         mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
-        if isinstance(mem, dict):
-            v["memory_used_bytes"] = int(mem["used"])
-            v["memory_reserved_bytes"] = int(mem["reserved"])
-            v["memory_total_bytes"] = int(mem["total"])
+        if mem is not None:
+            total = r.get("memory_total_bytes", mem, "total")
+            r.put("memory_total_bytes", total, v)
+            limit = v.get("memory_total_bytes", r.memory_limit)
+            r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
+            r.put("memory_reserved_bytes", r.get("memory_reserved_bytes", mem, "reserved"), v, limit=limit)
         else:  # drivers without memory v2: v1 "used" includes the driver-reserved memory
             mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo")
-            if isinstance(mem, dict):
-                v["memory_used_bytes"] = int(mem["used"])
-                v["memory_total_bytes"] = int(mem["total"])
+            if mem is not None:
+                r.put("memory_total_bytes", r.get("memory_total_bytes", mem, "total"), v)
+                limit = v.get("memory_total_bytes", r.memory_limit)
+                r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
                 r.missing["memory_reserved_bytes"] = "memory v2 not available"
 
         util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
-        if isinstance(util, dict):
-            r.ratio("utilization_gpu_ratio", util.get("gpu"), v)
-            r.ratio("utilization_memory_ratio", util.get("memory"), v)
+        if util is not None:
+            r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
+            r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
         elif "utilization_gpu_ratio" in r.missing:  # MIG mode: no device-level utilization
             r.missing["utilization_memory_ratio"] = r.missing["utilization_gpu_ratio"]
 
@@ -448,25 +477,19 @@ class NvmlSource:
             v["activity_source"] = "utilization"
             self._pcie_throughput(r, gpu, ts, v)
 
-        temp = r.q("temperature_celsius", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU)
-        if temp is not None:
-            if isinstance(temp, (int, float)) and -50 <= temp <= 200:
-                v["temperature_celsius"] = float(temp)
-            else:  # e.g. 644245923 seen in the wild
-                r.reject("temperature_celsius")
-        r.count("power_watts", r.q("power_watts", "nvmlDeviceGetPowerUsage"), v, 1e-3)
-        r.count("sm_clock_hertz", r.q("sm_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM), v, 1e6)
-        r.count("memory_clock_hertz", r.q("memory_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM), v, 1e6)
-        v["clocks_event_reasons"] = r.q("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
+        r.put("temperature_celsius", r.q("temperature_celsius", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU), v)
+        r.put("power_watts", r.q("power_watts", "nvmlDeviceGetPowerUsage"), v, 1e-3)
+        r.put("sm_clock_hertz", r.q("sm_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM), v, 1e6)
+        r.put("memory_clock_hertz", r.q("memory_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM), v, 1e6)
+        r.put("clocks_event_reasons", r.q("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"), v)
         pstate = r.q("performance_state", "nvmlDeviceGetPerformanceState")
-        if pstate is not None:
-            if 0 <= pstate <= 15:
-                v["performance_state"] = pstate
-            else:  # 32 = NVML_PSTATE_UNKNOWN
-                r.missing["performance_state"] = "unknown"
-        r.ratio("fan_speed_ratio", r.q("fan_speed_ratio", "nvmlDeviceGetFanSpeed"), v)
-        v["pcie_link_gen_current"] = r.q("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration")
-        v["pcie_link_width_current"] = r.q("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth")
+        if pstate == NVML_PSTATE_UNKNOWN:
+            r.missing["performance_state"] = "unknown"
+        else:
+            r.put("performance_state", pstate, v)
+        r.put("fan_speed_ratio", r.q("fan_speed_ratio", "nvmlDeviceGetFanSpeed"), v, 0.01)
+        r.put("pcie_link_gen_current", r.q("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"), v)
+        r.put("pcie_link_width_current", r.q("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth"), v)
         self._processes(r, v)
         if slow:
             self._slow(r, gpu, ts, v)
@@ -474,17 +497,29 @@ class NvmlSource:
 
     def _processes(self, r: _Reader, v: dict[str, Any]) -> None:
         procs = r.q("processes", "nvmlDeviceGetComputeRunningProcesses")
-        if not isinstance(procs, list):
+        if procs is None:
             return
-        pids = [int(p.get("pid", 0)) for p in procs]
-        if any(pid <= 0 or pid > PID_MAX for pid in pids):
+        if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
+            r.missing["processes"] = f"rejected: malformed answer {str(procs)[:40]!r}"
+            r.rejected["processes"] += 1
+            return
+        pids = [p.get("pid") for p in procs]
+        if any(not isinstance(pid, int) or pid <= 0 or pid > PID_MAX for pid in pids):
             # nvidia-ml-py struct layout ≠ driver's: PIDs read as 0 / 4294967295 in a pattern.
             r.missing["processes"] = "garbage PIDs: nvidia-ml-py and driver disagree on the process struct"
             r.rejected["processes"] += 1
             return
-        v["processes"] = tuple(
-            (pid, None if p.get("usedGpuMemory") is None else int(p["usedGpuMemory"])) for pid, p in zip(pids, procs)
-        )
+        out = []
+        for pid, p in zip(pids, procs):
+            used = p.get("usedGpuMemory")
+            if used is not None:
+                one: dict[str, Any] = {}
+                r.put("used_gpu_memory_bytes", used, one, limit=v.get("memory_total_bytes", r.memory_limit))
+                if "used_gpu_memory_bytes" not in one:  # this process's figure only; it stays listed
+                    r.missing["used_gpu_memory_bytes"] = f"{r.missing['used_gpu_memory_bytes']} (pid {pid})"
+                used = one.get("used_gpu_memory_bytes")
+            out.append((pid, used))
+        v["processes"] = tuple(out)
 
     def _slow(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
         for field, etype, counter in (
@@ -493,22 +528,22 @@ class NvmlSource:
             ("ecc_corrected_aggregate_total", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
             ("ecc_uncorrected_aggregate_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
         ):
-            r.count(field, r.q(field, "nvmlDeviceGetTotalEccErrors", etype, counter), v)
+            r.put(field, r.q(field, "nvmlDeviceGetTotalEccErrors", etype, counter), v)
         for field, etype, location in (
             ("ecc_corrected_volatile_dram_total", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_LOCATION_DRAM),
             ("ecc_uncorrected_volatile_dram_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_DRAM),
             ("ecc_corrected_volatile_sram_total", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_LOCATION_SRAM),
             ("ecc_uncorrected_volatile_sram_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM),
         ):
-            r.count(field, r.q(field, "nvmlDeviceGetMemoryErrorCounter", etype, NVML_VOLATILE_ECC, location), v)
-        r.count("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
+            r.put(field, r.q(field, "nvmlDeviceGetMemoryErrorCounter", etype, NVML_VOLATILE_ECC, location), v)
+        r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
         bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
-        if isinstance(bar1, dict):
-            v["bar1_used_bytes"] = int(bar1["bar1Used"])
-            v["bar1_total_bytes"] = int(bar1["bar1Total"])
-        replays = r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter")
-        r.count("pcie_replay_total", replays, v)
-        if "pcie_replay_total" in v:
+        if bar1 is not None:
+            r.put("bar1_total_bytes", r.get("bar1_total_bytes", bar1, "bar1Total"), v)
+            r.put("bar1_used_bytes", r.get("bar1_used_bytes", bar1, "bar1Used"), v, limit=v.get("bar1_total_bytes"))
+        r.put("pcie_replay_total", r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter"), v)
+        replays = v.get("pcie_replay_total")
+        if replays is not None:
             prev = self._replay_prev.get(gpu.uuid)
             self._replay_prev[gpu.uuid] = (ts, replays)
             if prev is not None and ts > prev[0]:
@@ -518,36 +553,36 @@ class NvmlSource:
                     r.missing["pcie_replay_rate_per_second"] = "counter reset"
         remap = r.q("remapped_rows_correctable_total", "nvmlDeviceGetRemappedRows")
         if isinstance(remap, list) and len(remap) == 4:
-            v["remapped_rows_correctable_total"] = int(remap[0])
-            v["remapped_rows_uncorrectable_total"] = int(remap[1])
-            v["remapped_rows_pending"] = bool(remap[2])
-            v["remapped_rows_failure"] = bool(remap[3])
+            for field, raw in zip(
+                ("remapped_rows_correctable_total", "remapped_rows_uncorrectable_total", "remapped_rows_pending", "remapped_rows_failure"),
+                remap,
+            ):
+                r.put(field, raw, v)
+        elif remap is not None:
+            r.get("remapped_rows_correctable_total", remap, "")  # malformed: counted as rejected
         elif "remapped_rows_correctable_total" in r.missing:
             # Pre-Ampere boards retire pages instead of remapping rows.
             sbe = r.q("retired_pages_single_bit_total", "nvmlDeviceGetRetiredPages", NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
             if isinstance(sbe, list):
-                v["retired_pages_single_bit_total"] = len(sbe)
+                r.put("retired_pages_single_bit_total", len(sbe), v)
                 dbe = r.q("retired_pages_double_bit_total", "nvmlDeviceGetRetiredPages", NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
                 if isinstance(dbe, list):
-                    v["retired_pages_double_bit_total"] = len(dbe)
-                pending = r.q("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus")
-                if pending is not None:
-                    v["retired_pages_pending"] = bool(pending)
-        r.count("power_limit_watts", r.q("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit"), v, 1e-3)
+                    r.put("retired_pages_double_bit_total", len(dbe), v)
+                r.put("retired_pages_pending", r.q("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus"), v)
+        r.put("power_limit_watts", r.q("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit"), v, 1e-3)
         for field, policy in (
             ("violation_power_seconds_total", NVML_PERF_POLICY_POWER),
             ("violation_thermal_seconds_total", NVML_PERF_POLICY_THERMAL),
         ):
             status = r.q(field, "nvmlDeviceGetViolationStatus", policy)
-            if isinstance(status, dict) and "violationTime" in status:
-                r.count(field, status["violationTime"], v, 1e-9)
-        persistence = r.q("persistence_mode", "nvmlDeviceGetPersistenceMode")
-        if persistence is not None:
-            v["persistence_mode"] = bool(persistence)
-        v["compute_mode"] = r.q("compute_mode", "nvmlDeviceGetComputeMode")
+            r.put(field, r.get(field, status, "violationTime"), v, 1e-9)
+        r.put("persistence_mode", r.q("persistence_mode", "nvmlDeviceGetPersistenceMode"), v)
+        r.put("compute_mode", r.q("compute_mode", "nvmlDeviceGetComputeMode"), v)
         mig = r.q("mig_mode", "nvmlDeviceGetMigMode")
         if isinstance(mig, list) and mig:
-            v["mig_mode"] = int(mig[0])
+            r.put("mig_mode", mig[0], v)
+        elif mig is not None:
+            r.get("mig_mode", mig, "")
 
     def _gpm(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
         try:
@@ -555,33 +590,21 @@ class NvmlSource:
         except NvmlCallError as exc:
             if exc.is_lifecycle:
                 raise DeviceDown(exc) from None
-            for field in ("sm_active_ratio", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"):
+            for field in _GPM_FIELDS.values():
                 r.missing[field] = f"GPM: {exc.reason}"
             return
         if metrics is None:  # first GPM sample of this device: no interval to average over yet
-            for field in ("sm_active_ratio", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"):
+            for field in _GPM_FIELDS.values():
                 r.missing[field] = "GPM: first sample, no interval yet"
             return
-        for metric_id, field in (
-            (GPM_SM_UTIL, "sm_active_ratio"),
-            (GPM_SM_OCCUPANCY, "sm_occupancy_ratio"),
-            (GPM_ANY_TENSOR_UTIL, "tensor_active_ratio"),
-            (GPM_DRAM_BW_UTIL, "dram_active_ratio"),
-        ):
+        for metric_id, field in _GPM_FIELDS.items():
             value = metrics.get(metric_id)
             if isinstance(value, NvmlCallError):
                 r.missing[field] = f"GPM: {value.reason}"
-            else:
-                r.ratio(field, value, v)
-        for metric_id, field in ((GPM_PCIE_TX_PER_SEC, "pcie_tx_bytes_per_second"), (GPM_PCIE_RX_PER_SEC, "pcie_rx_bytes_per_second")):
-            value = metrics.get(metric_id)
-            if isinstance(value, NvmlCallError):
-                r.missing[field] = f"GPM: {value.reason}"
-            elif isinstance(value, (int, float)):
-                if 0 <= value < 1e9:  # MiB/s; anything above ~1 PB/s is not a PCIe reading
-                    v[field] = float(value) * _MIB
-                else:
-                    r.reject(field)
+            elif metric_id in _GPM_PCIE:  # MiB/s
+                r.put(field, value, v, _MIB, r.pcie_limit)
+            else:  # percent
+                r.put(field, value, v, 0.01)
 
     def _pcie_throughput(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
         """Pre-Hopper PCIe bytes/s: the newest reading of the backend's throughput poller (a
@@ -602,12 +625,13 @@ class NvmlSource:
             for f in fields:
                 r.missing[f] = exc.reason
             return
-        if latest is None or abs(ts - float(latest["ts"])) > PCIE_THROUGHPUT_MAX_AGE_S:
+        at = r.get(fields[0], latest, "ts")
+        if not isinstance(at, (int, float)) or abs(ts - float(at)) > PCIE_THROUGHPUT_MAX_AGE_S:
             for f in fields:
-                r.missing[f] = "PCIe throughput: no recent reading"
+                r.missing.setdefault(f, "PCIe throughput: no recent reading")
             return
         for f, k in zip(fields, ("tx_KBps", "rx_KBps")):
-            r.count(f, latest.get(k), v, 1000.0)  # NVML "KB" is 1000 bytes (FACTS §1)
+            r.put(f, r.get(f, latest, k), v, 1000.0, r.pcie_limit)  # NVML "KB" is 1000 bytes (FACTS §1)
 
     def close(self) -> None:
         """Release NVML (never raises)."""

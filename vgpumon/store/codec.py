@@ -1,7 +1,7 @@
 """Encoding of ``gpu_samples`` rows as plain tuples of stored values.
 
 The agent encodes each sample once, at tick time, into the tuple the database stores (fixed-point
-integers, epoch milliseconds; see ``schema.FixedPoint``). Everything downstream — the batched
+integers, epoch milliseconds; each field's encoding is its catalogue entry's). Everything downstream — the batched
 write, the spool, the in-memory buffer and the 1-minute rollups — works on those tuples, so the
 write path hands the driver ready values instead of running one ``TypeDecorator`` call per value
 (48 per row), and a spooled tick takes a few hundred bytes of JSON.
@@ -13,17 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from sqlalchemy import Table
-
+from vgpumon import catalogue
+from vgpumon.catalogue import Field
 from vgpumon.model import GpuSample
-from vgpumon.store.schema import (
-    ACTIVITY_SOURCES,
-    SAMPLE_VALUE_COLUMNS,
-    EpochMillis,
-    FixedPoint,
-    GpuSampleRow,
-    gpu_samples_1m,
-)
+from vgpumon.store.schema import GpuSampleRow, gpu_samples_1m
 
 #: A ``gpu_samples`` row as stored: values in ``GPU_ROW_COLUMNS`` order.
 GpuRow = tuple[Any, ...]
@@ -37,43 +30,85 @@ TS = GPU_ROW_COLUMNS.index("ts")
 UP = GPU_ROW_COLUMNS.index("up")
 
 
-def _encoder(table: Table, name: str) -> Callable[[Any], Any]:
-    t = table.c[name].type
-    if isinstance(t, FixedPoint):
-        scale, coarse = t.scale, t.coarse
-        if coarse:
-            return lambda v: None if v is None else int(round(v / scale))
-        return lambda v: None if v is None else int(round(v * scale))
-    if isinstance(t, EpochMillis):
-        return lambda v: None if v is None else int(round(v * 1000))
-    return lambda v: v
+def encoder(f: Field) -> Callable[[Any], Any]:
+    """The function that turns a base-unit value of ``f`` into its stored form.
+
+    Fixed-point and integer encodings raise ``OverflowError`` for a value that does not fit the
+    column (and ``ValueError`` for NaN): a value that passed the door always fits (its range is
+    checked against the column in tests/test_catalogue.py), so this is the last guard, not the
+    validation.
+    """
+    enc = f.encoding
+    if enc.kind in ("fixed", "int"):
+        return enc.stored
+    if enc.kind == "bool":
+        return bool
+    if enc.kind == "code":
+        codes = enc.codes or {}
+        return codes.__getitem__
+    return str
 
 
-_VALUE_ENCODERS: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
-    (name, _encoder(GpuSampleRow.__table__, name)) for name in SAMPLE_VALUE_COLUMNS
+#: (position in the row, attribute, encoder) of every catalogue field of ``gpu_samples``.
+_VALUE_ENCODERS: tuple[tuple[int, str, Callable[[Any], Any]], ...] = tuple(
+    (GPU_ROW_COLUMNS.index(f.name), f.name, encoder(f)) for f in catalogue.fields_of("gpu_samples")
 )
-_ORDER = {name: i for i, name in enumerate(GPU_ROW_COLUMNS)}
+_ENCODE_ERRORS = (OverflowError, ValueError, TypeError, KeyError)
 
 
-def encode_gpu_sample(gpu_id: int, s: GpuSample) -> GpuRow:
+def encode_gpu_sample(gpu_id: int, s: GpuSample, failed: dict[str, str] | None = None) -> GpuRow:
     """The stored ``gpu_samples`` row of one sample.
 
     Args:
         gpu_id: ``gpus.id`` of the sample's GPU.
         s: the sample, base units (``None`` stays ``None``: NULL in the store).
+        failed: when given, receives field → reason for each value that could not be encoded;
+            that value is stored as NULL and the rest of the row as it is — one bad value costs
+            only itself.
 
     Returns:
-        Values in ``GPU_ROW_COLUMNS`` order: ``ts`` in epoch ms, fixed-point integers as the column
-        types define them, booleans as ``bool``.
+        Values in ``GPU_ROW_COLUMNS`` order: ``ts`` in epoch ms, fixed-point integers as the
+        catalogue's encodings define them, booleans as ``bool``, codes as integers.
     """
     row: list[Any] = [None] * len(GPU_ROW_COLUMNS)
     row[GPU_ID] = gpu_id
     row[TS] = int(round(s.ts * 1000))
+    for pos, name, enc in _VALUE_ENCODERS:
+        v = getattr(s, name)
+        if v is not None:
+            try:
+                row[pos] = enc(v)
+            except _ENCODE_ERRORS as exc:
+                if failed is not None:
+                    failed[name] = f"rejected: cannot be stored ({exc.__class__.__name__}: {exc})"
     row[UP] = bool(s.up)
-    row[_ORDER["activity_source"]] = ACTIVITY_SOURCES.get(s.activity_source) if s.activity_source else None
-    for name, enc in _VALUE_ENCODERS:
-        row[_ORDER[name]] = enc(getattr(s, name))
     return tuple(row)
+
+
+def storable(table: str, row: dict[str, Any]) -> dict[str, str]:
+    """Make a dict row of ``table`` (base units, the column types encode on write) safe to store:
+    each catalogue value that cannot be encoded becomes ``None``, in place.
+
+    Returns:
+        field → reason, for the values set to ``None``.
+    """
+    failed: dict[str, str] = {}
+    for name, enc in _ROW_ENCODERS[table]:
+        v = row.get(name)
+        if v is None:
+            continue
+        try:
+            enc(v)
+        except _ENCODE_ERRORS as exc:
+            row[name] = None
+            failed[name] = f"rejected: cannot be stored ({exc.__class__.__name__}: {exc})"
+    return failed
+
+
+_ROW_ENCODERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
+    table: tuple((f.name, encoder(f)) for f in catalogue.fields_of(table))
+    for table in ("host_samples", "gpu_process_samples", "vllm_samples", "vllm_engine_samples", "vllm_instances")
+}
 
 
 def reorder(rows: Sequence[Sequence[Any]], columns: Sequence[str], target: Sequence[str]) -> list[tuple[Any, ...]]:

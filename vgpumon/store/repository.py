@@ -27,6 +27,7 @@ from vgpumon.store.schema import (
     HostSample,
     PcieLink,
     Process,
+    RejectedValue,
     XidEvent,
     gpu_samples_1m,
 )
@@ -35,10 +36,15 @@ _SAMPLES = GpuSampleRow.__table__
 _ROLLUPS = gpu_samples_1m
 #: Tables a tick writes besides ``gpu_samples``, in foreign-key order; ``TickRows`` maps each
 #: name to its rows (dicts in base units; the column types encode them).
-EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples")
+EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values")
 TickRows = dict[str, list[dict[str, Any]]]
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
-_TABLES = {"host_samples": HostSample.__table__, "xid_events": XidEvent.__table__, "gpu_process_samples": GpuProcessSample.__table__}
+_TABLES = {
+    "host_samples": HostSample.__table__,
+    "xid_events": XidEvent.__table__,
+    "gpu_process_samples": GpuProcessSample.__table__,
+    "rejected_values": RejectedValue.__table__,
+}
 
 
 def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
@@ -245,7 +251,7 @@ class Store:
 
     def write_extra_rows(self, ticks: Sequence[TickRows]) -> None:
         """Write the non-GPU rows of whole ticks (``EXTRA_TABLES``: host samples, XID events, GPU
-        process samples) in one transaction; rows already stored are skipped.
+        process samples, rejected values) in one transaction; rows already stored are skipped.
 
         ``gpu_process_samples`` rows also carry the process identity (``host_id`` and
         ``_PROCESS_KEYS``): the ``processes`` row is created on first sight and referenced by id.

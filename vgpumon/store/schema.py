@@ -40,6 +40,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from vgpumon import catalogue
+from vgpumon.catalogue import Encoding
+
 
 class FixedPoint(TypeDecorator[float]):
     """A float stored as ``round(value * scale)`` in an integer column.
@@ -83,14 +86,25 @@ class EpochMillis(TypeDecorator[float]):
         return None if value is None else float(value) / 1000.0
 
 
-RATIO = FixedPoint(10_000)  # 1e-4 resolution, as DCGM reports profiling ratios
-WATTS = FixedPoint(1_000)  # NVML reports milliwatts
-JOULES = FixedPoint(1_000)  # NVML reports millijoules
-HERTZ = FixedPoint(1_000_000, coarse=True)  # NVML reports whole MHz
-CELSIUS = FixedPoint(10)  # 0.1 °C; NVML's legacy call gives whole degrees
-BYTES_PER_SECOND = FixedPoint(1)
-SECONDS = FixedPoint(1_000)  # milliseconds
-LOAD = FixedPoint(100)  # load average in 1/100
+def column_type(enc: Encoding) -> Any:
+    """The SQLAlchemy type of a catalogue encoding (``vgpumon.catalogue.Encoding``)."""
+    if enc.kind == "fixed":
+        return FixedPoint(enc.scale, enc.coarse)
+    if enc.kind in ("int", "code"):
+        return {16: SmallInteger, 32: Integer, 64: BigInteger}[enc.bits]()
+    if enc.kind == "bool":
+        return Boolean()
+    return String(enc.length)
+
+
+def catalogue_columns(table: str) -> list[Column[Any]]:
+    """The value columns of ``table`` as the field catalogue defines them, in its order."""
+    return [
+        Column(f.name, column_type(f.encoding), nullable=not f.required) for f in catalogue.fields_of(table)
+    ]
+
+
+HERTZ = column_type(catalogue.core.HERTZ)  # the gpus table's max clocks
 
 
 class Base(DeclarativeBase):
@@ -143,80 +157,36 @@ class Gpu(Base):
 
 
 class GpuSampleRow(Base):
-    """One GPU, one tick (wide row). Column meanings: ``vgpumon.model.GpuSample``.
+    """One GPU, one tick (wide row): a column per ``gpu_samples`` field of the catalogue, whose
+    entries give each column's meaning, unit and encoding (docs/metrics.md).
 
     ``up`` is false for a tick where the device could not be read; ``activity_source`` is 1 for
     GPM, 2 for the utilization proxy. Slow-set columns are NULL on ticks that did not read them.
     """
 
-    __tablename__ = "gpu_samples"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    up: Mapped[bool] = mapped_column(Boolean)
-    activity_source: Mapped[int | None] = mapped_column(SmallInteger)
-    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    memory_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    utilization_gpu_ratio: Mapped[float | None] = mapped_column(RATIO)
-    utilization_memory_ratio: Mapped[float | None] = mapped_column(RATIO)
-    sm_active_ratio: Mapped[float | None] = mapped_column(RATIO)
-    sm_occupancy_ratio: Mapped[float | None] = mapped_column(RATIO)
-    tensor_active_ratio: Mapped[float | None] = mapped_column(RATIO)
-    dram_active_ratio: Mapped[float | None] = mapped_column(RATIO)
-    pcie_tx_bytes_per_second: Mapped[float | None] = mapped_column(BYTES_PER_SECOND)
-    pcie_rx_bytes_per_second: Mapped[float | None] = mapped_column(BYTES_PER_SECOND)
-    pcie_link_gen_current: Mapped[int | None] = mapped_column(SmallInteger)
-    pcie_link_width_current: Mapped[int | None] = mapped_column(SmallInteger)
-    temperature_celsius: Mapped[float | None] = mapped_column(CELSIUS)
-    power_watts: Mapped[float | None] = mapped_column(WATTS)
-    sm_clock_hertz: Mapped[float | None] = mapped_column(HERTZ)
-    memory_clock_hertz: Mapped[float | None] = mapped_column(HERTZ)
-    clocks_event_reasons: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_corrected_volatile_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_uncorrected_volatile_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_corrected_aggregate_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_uncorrected_aggregate_total: Mapped[int | None] = mapped_column(BigInteger)
-    energy_joules_total: Mapped[float | None] = mapped_column(JOULES)
-    performance_state: Mapped[int | None] = mapped_column(SmallInteger)
-    fan_speed_ratio: Mapped[float | None] = mapped_column(RATIO)
-    ecc_corrected_volatile_dram_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_uncorrected_volatile_dram_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_corrected_volatile_sram_total: Mapped[int | None] = mapped_column(BigInteger)
-    ecc_uncorrected_volatile_sram_total: Mapped[int | None] = mapped_column(BigInteger)
-    bar1_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    bar1_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    pcie_replay_total: Mapped[int | None] = mapped_column(BigInteger)
-    remapped_rows_correctable_total: Mapped[int | None] = mapped_column(Integer)
-    remapped_rows_uncorrectable_total: Mapped[int | None] = mapped_column(Integer)
-    remapped_rows_pending: Mapped[bool | None] = mapped_column(Boolean)
-    remapped_rows_failure: Mapped[bool | None] = mapped_column(Boolean)
-    retired_pages_single_bit_total: Mapped[int | None] = mapped_column(Integer)
-    retired_pages_double_bit_total: Mapped[int | None] = mapped_column(Integer)
-    retired_pages_pending: Mapped[bool | None] = mapped_column(Boolean)
-    power_limit_watts: Mapped[float | None] = mapped_column(WATTS)
-    violation_power_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
-    violation_thermal_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
-    persistence_mode: Mapped[bool | None] = mapped_column(Boolean)
-    compute_mode: Mapped[int | None] = mapped_column(SmallInteger)
-    mig_mode: Mapped[int | None] = mapped_column(SmallInteger)
+    __table__ = Table(
+        "gpu_samples",
+        Base.metadata,
+        Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        *catalogue_columns("gpu_samples"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts)",
+    )
 
 
 class HostSample(Base):
-    """One host, one tick (psutil): CPU, memory, load."""
+    """One host, one tick (psutil): the catalogue's ``host_samples`` fields."""
 
-    __tablename__ = "host_samples"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    cpu_ratio: Mapped[float | None] = mapped_column(RATIO)
-    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    load1: Mapped[float | None] = mapped_column(LOAD)
-    load5: Mapped[float | None] = mapped_column(LOAD)
-    load15: Mapped[float | None] = mapped_column(LOAD)
+    __table__ = Table(
+        "host_samples",
+        Base.metadata,
+        Column("host_id", ForeignKey("hosts.id"), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        *catalogue_columns("host_samples"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts)",
+    )
 
 
 class Process(Base):
@@ -242,17 +212,19 @@ class Process(Base):
 
 class GpuProcessSample(Base):
     """One process on one GPU at one tick: its GPU memory, and its host RSS and CPU time (a
-    leak that keeps request objects alive grows both)."""
+    leak that keeps request objects alive grows both); the catalogue's ``gpu_process_samples``
+    fields."""
 
-    __tablename__ = "gpu_process_samples"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    process_id: Mapped[int] = mapped_column(ForeignKey("processes.id"), primary_key=True)
-    used_gpu_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    cpu_seconds_total: Mapped[float | None] = mapped_column(SECONDS)
+    __table__ = Table(
+        "gpu_process_samples",
+        Base.metadata,
+        Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        Column("process_id", ForeignKey("processes.id"), primary_key=True),
+        *catalogue_columns("gpu_process_samples"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts)",
+    )
 
 
 class XidEvent(Base):
@@ -265,6 +237,22 @@ class XidEvent(Base):
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), index=True)
     ts: Mapped[float] = mapped_column(EpochMillis)
     xid: Mapped[int] = mapped_column(Integer)
+
+
+class RejectedValue(Base):
+    """A value refused at the door (``vgpumon.catalogue.Door``) or that could not be stored: one
+    row per subject, field and tick, so that reports can say "reported impossible values N
+    times" instead of "not reported". ``subject`` is ``gpu:<uuid>``, ``host`` or
+    ``vllm:<url>``; ``reason`` names what was wrong (``rejected: blank sentinel …``)."""
+
+    __tablename__ = "rejected_values"
+    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
+
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
+    subject: Mapped[str] = mapped_column(String(160), primary_key=True)
+    field: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(255))
 
 
 class PcieLink(Base):
@@ -287,7 +275,7 @@ class PcieLink(Base):
     observed_at: Mapped[float] = mapped_column(EpochMillis)
 
 
-ACTIVITY_SOURCES = {"gpm": 1, "utilization": 2}
+ACTIVITY_SOURCES = catalogue.gpu.ACTIVITY_SOURCES
 ACTIVITY_SOURCE_NAMES = {v: k for k, v in ACTIVITY_SOURCES.items()}
 
 #: Columns of ``gpu_samples`` copied straight from ``GpuSample`` attributes of the same name.
@@ -298,45 +286,13 @@ SAMPLE_VALUE_COLUMNS: tuple[str, ...] = tuple(
 
 # -- 1-minute rollups --------------------------------------------------------------------------
 
-#: Aggregates kept per ``gpu_samples`` column in ``gpu_samples_1m``. Gauges keep min/mean/max;
-#: the columns that reports rank or size capacity by (activity, PCIe, memory, power, temperature)
-#: also keep p50/p95/p99; counters and states keep the minute's last value; flags keep "any"
-#: (``max``) and the clocks-event bitmask keeps the OR of the minute's bits.
-GAUGE_AGGREGATES = ("min", "mean", "max")
-PERCENTILE_AGGREGATES = ("p50", "p95", "p99")
-ROLLUP_SPEC: dict[str, tuple[str, ...]] = {}
-for _name in SAMPLE_VALUE_COLUMNS:
-    if _name in {
-        "sm_active_ratio",
-        "utilization_gpu_ratio",
-        "dram_active_ratio",
-        "pcie_tx_bytes_per_second",
-        "pcie_rx_bytes_per_second",
-        "memory_used_bytes",
-        "power_watts",
-        "temperature_celsius",
-    }:
-        ROLLUP_SPEC[_name] = GAUGE_AGGREGATES + PERCENTILE_AGGREGATES
-    elif _name in {
-        "memory_reserved_bytes",
-        "utilization_memory_ratio",
-        "sm_occupancy_ratio",
-        "tensor_active_ratio",
-        "pcie_link_gen_current",
-        "pcie_link_width_current",
-        "sm_clock_hertz",
-        "memory_clock_hertz",
-        "fan_speed_ratio",
-        "bar1_used_bytes",
-    }:
-        ROLLUP_SPEC[_name] = GAUGE_AGGREGATES
-    elif _name == "clocks_event_reasons":
-        ROLLUP_SPEC[_name] = ("or",)
-    elif _name in {"remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending"}:
-        ROLLUP_SPEC[_name] = ("any",)
-    else:  # counters (ECC, energy, replays, violations, remaps) and slowly changing state
-        ROLLUP_SPEC[_name] = ("last",)
-del _name
+#: Aggregates kept per ``gpu_samples`` column in ``gpu_samples_1m``, from each field's catalogue
+#: entry (``Field.rollup``): gauges keep min/mean/max, the ones reports rank or size capacity by
+#: also p50/p95/p99; counters and states keep the minute's last value; flags keep "any" and the
+#: clocks-event bitmask keeps the OR of the minute's bits.
+ROLLUP_SPEC: dict[str, tuple[str, ...]] = {
+    f.name: tuple(f.rollup) for f in catalogue.fields_of("gpu_samples") if f.rollup
+}
 
 
 def rollup_column_name(column: str, aggregate: str) -> str:
@@ -395,4 +351,5 @@ TIME_TABLES: dict[str, str] = {
     "gpu_samples_1m": "gpu_id",
     "vllm_samples": "instance_id",
     "vllm_engine_samples": "instance_id",
+    "rejected_values": "host_id",
 }

@@ -8,16 +8,15 @@ milli-cores (CPU seconds per second × 1000).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, SmallInteger, String, UniqueConstraint
+from sqlalchemy import Column, ForeignKey, Integer, SmallInteger, String, Table, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from vgpumon.store.schema import Base, EpochMillis, FixedPoint
+from vgpumon.catalogue import core
+from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS
+from vgpumon.store.schema import Base, EpochMillis, catalogue_columns, column_type
 
-RATIO = FixedPoint(10_000)
-SECONDS_US = FixedPoint(1_000_000)  # latency quantiles: microseconds
-PER_SECOND = FixedPoint(1_000)  # token / request / preemption rates: 0.001 per second
-COUNT = FixedPoint(1_000)  # gauges vLLM exposes as floats (running, waiting, blocks used)
-CPU = FixedPoint(1_000)  # CPU seconds per second (cores), in milli-cores
+RATIO = column_type(core.RATIO)
+SECONDS_US = column_type(core.SECONDS_US)  # prewarm: microseconds
 
 
 class VllmInstance(Base):
@@ -55,68 +54,37 @@ class VllmInstance(Base):
 
 
 class VllmSampleRow(Base):
-    """One server, one poll (wide row). Meanings: ``vgpumon.sources.vllm.ServerSample``.
+    """One server, one poll (wide row): the catalogue's ``vllm_samples`` fields (meanings:
+    ``vgpumon.model.ServerSample`` and docs/metrics.md).
 
     ``state`` is ``ServerState.code``; ``prefix_cache_unit`` 1 = tokens, 2 = blocks.
     """
 
-    __tablename__ = "vllm_samples"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    instance_id: Mapped[int] = mapped_column(ForeignKey("vllm_instances.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    state: Mapped[int] = mapped_column(SmallInteger)
-    health_status: Mapped[int | None] = mapped_column(SmallInteger)
-    telemetry_up: Mapped[bool | None] = mapped_column(Boolean)
-    running: Mapped[float | None] = mapped_column(COUNT)
-    waiting: Mapped[float | None] = mapped_column(COUNT)
-    kv_cache_usage_ratio: Mapped[float | None] = mapped_column(RATIO)
-    kv_cache_usage_mean_ratio: Mapped[float | None] = mapped_column(RATIO)
-    prompt_tokens_per_second: Mapped[float | None] = mapped_column(PER_SECOND)
-    generation_tokens_per_second: Mapped[float | None] = mapped_column(PER_SECOND)
-    preemptions_per_second: Mapped[float | None] = mapped_column(PER_SECOND)
-    requests_finished_per_second: Mapped[float | None] = mapped_column(PER_SECOND)
-    prefix_cache_hit_ratio: Mapped[float | None] = mapped_column(RATIO)
-    prefix_cache_unit: Mapped[int | None] = mapped_column(SmallInteger)
-    ttft_p50_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    ttft_p95_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    ttft_p99_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    itl_p50_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    itl_p95_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    itl_p99_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    e2e_p50_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    e2e_p95_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    e2e_p99_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    queue_p50_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    queue_p95_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    queue_p99_seconds: Mapped[float | None] = mapped_column(SECONDS_US)
-    kv_block_size: Mapped[int | None] = mapped_column(Integer)
-    kv_num_gpu_blocks: Mapped[int | None] = mapped_column(BigInteger)
-    kv_cache_size_tokens: Mapped[int | None] = mapped_column(BigInteger)
-    kv_blocks_used: Mapped[float | None] = mapped_column(COUNT)
-    kv_fragmentation_ratio: Mapped[float | None] = mapped_column(RATIO)
-    kv_token_occupancy_ratio: Mapped[float | None] = mapped_column(RATIO)
-    kv_estimate_approximate: Mapped[bool | None] = mapped_column(Boolean)
-    gauges_stale: Mapped[bool] = mapped_column(Boolean)
-    sleep_state: Mapped[str | None] = mapped_column(String(32))
-    server_load: Mapped[float | None] = mapped_column(COUNT)
-    rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    cpu_seconds_per_second: Mapped[float | None] = mapped_column(CPU)
+    __table__ = Table(
+        "vllm_samples",
+        Base.metadata,
+        Column("instance_id", ForeignKey("vllm_instances.id"), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        *catalogue_columns("vllm_samples"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts)",
+    )
 
 
 class VllmEngineSampleRow(Base):
     """One data-parallel engine (and served model name) of one server, one poll."""
 
-    __tablename__ = "vllm_engine_samples"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    instance_id: Mapped[int] = mapped_column(ForeignKey("vllm_instances.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    model_name: Mapped[str] = mapped_column(String(255), primary_key=True)  # "" when unlabelled
-    engine: Mapped[str] = mapped_column(String(32), primary_key=True)  # "" when unlabelled (before 0.8)
-    running: Mapped[float | None] = mapped_column(COUNT)
-    waiting: Mapped[float | None] = mapped_column(COUNT)
-    kv_cache_usage_ratio: Mapped[float | None] = mapped_column(RATIO)
+    __table__ = Table(
+        "vllm_engine_samples",
+        Base.metadata,
+        Column("instance_id", ForeignKey("vllm_instances.id"), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        Column("model_name", String(255), primary_key=True),  # "" when unlabelled
+        Column("engine", String(32), primary_key=True),  # "" when unlabelled (before 0.8)
+        *catalogue_columns("vllm_engine_samples"),
+        sqlite_with_rowid=False,
+        postgresql_partition_by="RANGE (ts)",
+    )
 
 
 class VllmGpuMapRow(Base):
@@ -131,5 +99,4 @@ class VllmGpuMapRow(Base):
     last_seen: Mapped[float] = mapped_column(EpochMillis)
 
 
-PREFIX_CACHE_UNITS = {"tokens": 1, "blocks": 2}
 PREFIX_CACHE_UNIT_NAMES = {v: k for k, v in PREFIX_CACHE_UNITS.items()}

@@ -1,0 +1,242 @@
+"""vLLM fields: per server and poll (``vllm_samples``), per data-parallel engine
+(``vllm_engine_samples``) and per server start (``vllm_instances``). Metric names and the versions
+that carry them: FACTS §5 and ``vgpumon.sources.vllm.metrics.ALIASES``."""
+
+from __future__ import annotations
+
+from vgpumon.catalogue.core import (
+    BOOL,
+    INT16,
+    INT32,
+    INT64,
+    MILLI,
+    PER_SECOND,
+    RATIO,
+    SECONDS_US,
+    Encoding,
+    Field,
+    text,
+)
+from vgpumon.model.vllm import ServerState
+
+#: ``ServerState`` code → name (the stored SmallInteger of ``state`` and ``final_state``).
+SERVER_STATES: dict[int, str] = {s.code: s.value for s in ServerState}
+#: Unit of the prefix-cache counters a hit ratio was computed from.
+PREFIX_CACHE_UNITS: dict[str, int] = {"tokens": 1, "blocks": 2}
+
+_REQUESTS_MAX = 1e6  # queued or running requests of one server: far above any batch
+_RATE_MAX = 1e9  # tokens or requests per second of one server
+_LATENCY_MAX = 7 * 86400.0  # a latency quantile of a week is already a broken histogram
+_BLOCKS_MAX = float(2**40)
+_TOKENS_MAX = float(2**48)
+
+
+def _poll(name: str, kind: str, unit: str, help: str, source: str, encoding: Encoding, **kw: object) -> Field:
+    return Field(name=name, table="vllm_samples", kind=kind, unit=unit, help=help, source=source, cadence="poll",
+                 encoding=encoding, **kw)  # type: ignore[arg-type]
+
+
+_HISTOGRAMS = {
+    "ttft": ("time to first token", "vllm:time_to_first_token_seconds", "vgpumon_vllm_time_to_first_token_seconds", "TTFT"),
+    "itl": (
+        "inter-token latency", "vllm:inter_token_latency_seconds (0.11+), vllm:time_per_output_token_seconds before",
+        "vgpumon_vllm_inter_token_latency_seconds", "ITL",
+    ),
+    "e2e": ("end-to-end request latency", "vllm:e2e_request_latency_seconds", "vgpumon_vllm_e2e_request_latency_seconds",
+            "E2E latency"),
+    "queue": ("time in the queue", "vllm:request_queue_time_seconds", "vgpumon_vllm_request_queue_time_seconds",
+              "queue time"),
+}
+
+
+def _quantiles() -> tuple[Field, ...]:
+    out = []
+    for key, (what, metric, prom, short) in _HISTOGRAMS.items():
+        for q in (50, 95, 99):
+            out.append(
+                _poll(
+                    f"{key}_p{q}_seconds", "gauge", "seconds",
+                    f"{q}th percentile of the {what} over the poll interval.",
+                    f"{metric} histogram: interpolated in the interval's bucket increments (le read each scrape)",
+                    SECONDS_US, lo=0, hi=_LATENCY_MAX, prometheus=prom, prom_labels={"quantile": f"0.{q}"},
+                    label=f"{short} p{q}",
+                )
+            )
+    return tuple(out)
+
+
+SAMPLES: tuple[Field, ...] = (
+    _poll(
+        "state", "enum", "code", "Server state: starting, ready, busy, idle, hung, sleeping, telemetry_down, dead, "
+        "failed_to_start.", "/health, /metrics and the process table (docs/vllm.md)", INT16, lo=1,
+        hi=max(SERVER_STATES), decode=SERVER_STATES, prometheus="vgpumon_vllm_server_state", display="decoded",
+        label="state", note="exported as one 0/1 series per state (label state)", required=True,
+    ),
+    _poll(
+        "health_status", "enum", "code", "HTTP status of /health (200 ready; 500/503 engine dead).", "GET /health",
+        INT16, lo=100, hi=599, prometheus="vgpumon_vllm_health_status_code", display="code", label="/health status",
+        note="None when the request failed (refused, timeout)",
+    ),
+    _poll(
+        "telemetry_up", "flag", "bool", "1 when /metrics answered with readable vllm: families.", "GET /metrics",
+        BOOL, lo=0, hi=1, prometheus="vgpumon_vllm_telemetry_up", label="telemetry",
+    ),
+    _poll(
+        "running", "gauge", "count", "Requests running (summed over engines).", "vllm:num_requests_running", MILLI,
+        lo=0, hi=_REQUESTS_MAX, prometheus="vgpumon_vllm_requests_running", display="number", label="running",
+    ),
+    _poll(
+        "waiting", "gauge", "count", "Requests waiting (summed over engines; deferred ones too from 0.20).",
+        "vllm:num_requests_waiting", MILLI, lo=0, hi=_REQUESTS_MAX, prometheus="vgpumon_vllm_requests_waiting",
+        display="number", label="waiting",
+    ),
+    _poll(
+        "kv_cache_usage_ratio", "gauge", "ratio", "KV-cache blocks in use (max over engines).",
+        "vllm:kv_cache_usage_perc (0.9+; a ratio despite its name), vllm:gpu_cache_usage_perc before (removed 0.12)",
+        RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_kv_cache_usage_ratio", label="KV usage",
+    ),
+    _poll(
+        "kv_cache_usage_mean_ratio", "gauge", "ratio", "KV-cache blocks in use (mean over engines).",
+        "vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc", RATIO, lo=0, hi=1,
+        prometheus="vgpumon_vllm_kv_cache_usage_mean_ratio", label="KV usage (mean)",
+    ),
+    _poll(
+        "prompt_tokens_per_second", "gauge", "per_second", "Prompt tokens processed per second over the interval.",
+        "increase of vllm:prompt_tokens_total; vllm:avg_prompt_throughput_toks_per_s before 0.7", PER_SECOND, lo=0,
+        hi=_RATE_MAX, prometheus="vgpumon_vllm_prompt_tokens_per_second", label="prompt tokens/s",
+    ),
+    _poll(
+        "generation_tokens_per_second", "gauge", "per_second", "Tokens generated per second over the interval.",
+        "increase of vllm:generation_tokens_total; vllm:avg_generation_throughput_toks_per_s before 0.7", PER_SECOND,
+        lo=0, hi=_RATE_MAX, prometheus="vgpumon_vllm_generation_tokens_per_second", label="generated tokens/s",
+    ),
+    _poll(
+        "preemptions_per_second", "gauge", "per_second", "Preemptions per second over the interval.",
+        "increase of vllm:num_preemptions_total", PER_SECOND, lo=0, hi=_RATE_MAX,
+        prometheus="vgpumon_vllm_preemptions_per_second", label="preemptions/s",
+    ),
+    _poll(
+        "requests_finished_per_second", "gauge", "per_second", "Requests finished per second over the interval.",
+        "increase of vllm:request_success_total (all finished_reason)", PER_SECOND, lo=0, hi=_RATE_MAX,
+        prometheus="vgpumon_vllm_requests_finished_per_second", label="finished/s",
+    ),
+    _poll(
+        "prefix_cache_hit_ratio", "gauge", "ratio", "Prefix-cache hits over queries in the interval.",
+        "vllm:prefix_cache_{hits,queries}_total (0.9+, tokens); vllm:gpu_prefix_cache_* (blocks in V1 0.7–0.8)",
+        RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_prefix_cache_hit_ratio", label="prefix-cache hits",
+    ),
+    _poll(
+        "prefix_cache_unit", "state", "code", "What the prefix-cache counters counted: tokens or blocks.",
+        "the server's version (/version) and the counter names", Encoding("code", bits=16, codes=PREFIX_CACHE_UNITS),
+        label="prefix-cache unit",
+    ),
+    *_quantiles(),
+    _poll(
+        "kv_block_size", "gauge", "tokens", "Tokens per KV-cache block.", "vllm:cache_config_info{block_size}", INT32,
+        lo=1, hi=2**16, prometheus="vgpumon_vllm_kv_cache_block_size_tokens", display="number", label="block size",
+    ),
+    _poll(
+        "kv_num_gpu_blocks", "gauge", "count", "KV-cache blocks on the GPU.", "vllm:cache_config_info{num_gpu_blocks}",
+        INT64, lo=0, hi=_BLOCKS_MAX, prometheus="vgpumon_vllm_kv_cache_blocks", display="number", label="KV blocks",
+    ),
+    _poll(
+        "kv_cache_size_tokens", "gauge", "tokens", "KV-cache capacity in tokens.",
+        "vllm:cache_config_info{kv_cache_size_tokens} (0.25+)", INT64, lo=0, hi=_TOKENS_MAX,
+        prometheus="vgpumon_vllm_kv_cache_size_tokens", display="number", label="KV capacity (tokens)",
+    ),
+    _poll(
+        "kv_blocks_used", "gauge", "count", "KV-cache blocks in use: usage × (blocks − 1).",
+        "vllm:kv_cache_usage_perc × (num_gpu_blocks − 1)", MILLI, lo=0, hi=_BLOCKS_MAX,
+        prometheus="vgpumon_vllm_kv_cache_blocks_used", display="number", label="KV blocks used",
+    ),
+    _poll(
+        "kv_fragmentation_ratio", "gauge", "ratio", "Estimated share of used KV slots that hold no token.",
+        "R·(B−1)/2 ÷ (U·B) from running requests, block size and usage (docs/vllm.md)", RATIO, lo=0, hi=1,
+        prometheus="vgpumon_vllm_kv_cache_fragmentation_ratio", label="KV fragmentation (est.)",
+    ),
+    _poll(
+        "kv_token_occupancy_ratio", "gauge", "ratio", "Estimated tokens held over token capacity.",
+        "(U·B − waste) ÷ (N·B)", RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_kv_cache_token_occupancy_ratio",
+        label="KV token occupancy (est.)",
+    ),
+    _poll(
+        "kv_estimate_approximate", "flag", "bool", "1 when the KV estimate is rough (hybrid model, config missing).",
+        "vllm:cache_config_info", BOOL, lo=0, hi=1, prometheus="vgpumon_vllm_kv_cache_estimate_approximate",
+        label="KV estimate approximate",
+    ),
+    _poll(
+        "gauges_stale", "flag", "bool", "1 while vLLM's gauges are frozen (an idle engine stops updating them).",
+        "no change in any vllm: gauge or counter since the previous poll", BOOL, lo=0, hi=1,
+        prometheus="vgpumon_vllm_gauges_stale", label="gauges stale", required=True,
+    ),
+    _poll(
+        "sleep_state", "state", "text", "Engine sleep state (awake, or the sleep level).",
+        "vllm:engine_sleep_state (0.12+) or /is_sleeping (dev mode)", text(32), label="sleep state",
+    ),
+    _poll(
+        "server_load", "gauge", "count", "Requests the API server tracks (/load).",
+        "GET /load (0.8.5+, counts with --enable-server-load-tracking)", MILLI, lo=0, hi=_REQUESTS_MAX,
+        prometheus="vgpumon_vllm_server_load", display="number", label="server load",
+    ),
+    _poll(
+        "rss_bytes", "gauge", "bytes", "Resident memory of the server's process tree.",
+        "psutil memory_info().rss over the server's processes", INT64, lo=0, hi=float(2**50),
+        prometheus="vgpumon_vllm_resident_memory_bytes", label="RSS",
+    ),
+    _poll(
+        "cpu_seconds_per_second", "gauge", "cores", "CPU used by the server's process tree (cores).",
+        "increase of psutil cpu_times() user + system over the interval", MILLI, lo=0, hi=65536,
+        prometheus="vgpumon_vllm_cpu_seconds_per_second", display="number", label="CPU (cores)",
+    ),
+)
+
+ENGINES: tuple[Field, ...] = (
+    Field(
+        "running", "vllm_engine_samples", "gauge", "count", "Requests running on one engine.",
+        "vllm:num_requests_running{engine}", "poll", MILLI, lo=0, hi=_REQUESTS_MAX,
+        prometheus="vgpumon_vllm_engine_requests_running", display="number", label="running",
+    ),
+    Field(
+        "waiting", "vllm_engine_samples", "gauge", "count", "Requests waiting on one engine.",
+        "vllm:num_requests_waiting{engine}", "poll", MILLI, lo=0, hi=_REQUESTS_MAX,
+        prometheus="vgpumon_vllm_engine_requests_waiting", display="number", label="waiting",
+    ),
+    Field(
+        "kv_cache_usage_ratio", "vllm_engine_samples", "gauge", "ratio", "KV-cache blocks in use on one engine.",
+        "vllm:kv_cache_usage_perc{engine}", "poll", RATIO, lo=0, hi=1,
+        prometheus="vgpumon_vllm_engine_kv_cache_usage_ratio", label="KV usage",
+    ),
+)
+
+INSTANCES: tuple[Field, ...] = (
+    Field(
+        "version", "vllm_instances", "info", "text", "vLLM version the server reports.", "GET /version", "start",
+        text(64), prom_label="version", label="version",
+    ),
+    Field(
+        "model", "vllm_instances", "info", "text", "Served model names.", "GET /v1/models, else model_name labels",
+        "start", text(1024), prom_label="model_name", label="model",
+    ),
+    Field(
+        "prewarm_seconds", "vllm_instances", "gauge", "seconds",
+        "Process start to the first /health 200: weights, KV-cache sizing, CUDA-graph capture.",
+        "process create time (psutil) and the first GET /health 200", "start", SECONDS_US, lo=0, hi=30 * 86400.0,
+        prometheus="vgpumon_vllm_prewarm_seconds", label="prewarm",
+    ),
+    Field(
+        "prewarm_gpu_active_ratio", "vllm_instances", "gauge", "ratio",
+        "Mean SM activity of the server's GPUs during its prewarm.",
+        "GPM SM_UTIL of the GPUs holding the server's processes (utilization.gpu without GPM)", "start", RATIO,
+        lo=0, hi=1, prometheus="vgpumon_vllm_prewarm_gpu_active_ratio", label="GPU activity during prewarm",
+    ),
+    Field(
+        "prewarm_gpu_activity_source", "vllm_instances", "state", "text",
+        "Where prewarm_gpu_active_ratio comes from: gpm or utilization.", "the GPUs' activity_source", "start",
+        text(16), label="prewarm activity source",
+    ),
+    Field(
+        "final_state", "vllm_instances", "enum", "code", "How the start ended (dead, failed_to_start).",
+        "the state machine when the process is gone", "start", INT16, lo=1, hi=max(SERVER_STATES),
+        decode=SERVER_STATES, display="decoded", label="final state",
+    ),
+)
