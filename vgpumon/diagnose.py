@@ -10,41 +10,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from vgpumon import catalogue
 from vgpumon.config import default_hostname
 from vgpumon.errors import ExitCode
 from vgpumon.pcie import link_capacity_bytes_per_second
 from vgpumon.store import Store, StoredGpu
 
-#: Columns summarised as mean and max over the window.
-WINDOW_COLUMNS = (
-    "sm_active_ratio",
-    "sm_occupancy_ratio",
-    "tensor_active_ratio",
-    "dram_active_ratio",
-    "utilization_gpu_ratio",
-    "memory_used_bytes",
-    "pcie_tx_bytes_per_second",
-    "pcie_rx_bytes_per_second",
-    "temperature_celsius",
-    "power_watts",
-    "sm_clock_hertz",
-)
-#: Columns reported as their newest value in the window.
-LAST_COLUMNS = (
-    "memory_used_bytes",
-    "memory_reserved_bytes",
-    "memory_total_bytes",
-    "pcie_link_gen_current",
-    "pcie_link_width_current",
-    "ecc_corrected_volatile_total",
-    "ecc_uncorrected_volatile_total",
-    "ecc_corrected_aggregate_total",
-    "ecc_uncorrected_aggregate_total",
-    "remapped_rows_uncorrectable_total",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "pcie_replay_total",
-)
+_REPORTED = catalogue.fields_of("gpu_samples")
+#: Columns summarised as mean and max over the window (catalogue: ``diagnose`` has ``window``).
+WINDOW_COLUMNS = tuple(f.name for f in _REPORTED if "window" in f.diagnose)
+#: Columns reported as their newest value (``last``: in the window; ``cumulative``: at or before
+#: its end — counters and latched flags the slow set reads every few ticks).
+LAST_COLUMNS = tuple(f.name for f in _REPORTED if {"last", "cumulative"} & set(f.diagnose))
+CUMULATIVE = frozenset(f.name for f in _REPORTED if "cumulative" in f.diagnose)
 
 #: XID → severity, as NVIDIA's DCGM health watches classify them (FACTS §4); others are listed
 #: as "info" (many XIDs, e.g. 13 or 31, are raised by application faults, not by the GPU).
@@ -52,15 +30,6 @@ XID_SEVERITY = {48: "critical", 74: "critical", 79: "critical", 95: "critical", 
                 140: "critical", 64: "critical", 94: "warning", 31: "warning", 32: "warning", 43: "warning", 63: "warning"}
 #: PCIe replays per minute above which DCGM warns: ceil(1e-12 × lane rate × 60 × lanes), x16.
 REPLAY_BUDGET_PER_MINUTE = {3: 8, 4: 16, 5: 31}
-
-#: Columns whose newest reading stays current until the next one (counters, latched flags).
-CUMULATIVE = frozenset(
-    {
-        "ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "ecc_corrected_aggregate_total",
-        "ecc_uncorrected_aggregate_total", "remapped_rows_uncorrectable_total", "remapped_rows_pending",
-        "remapped_rows_failure", "pcie_replay_total",
-    }
-)
 
 SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
 _RANK = {"info": -1, "ok": 0, "warning": 1, "critical": 2, "unknown": 3}
@@ -78,8 +47,11 @@ def resolve_host(host: str) -> str:
     return default_hostname() if host in {"localhost", "127.0.0.1", "::1"} else host
 
 
-def _value(v: Any, reason: str) -> dict[str, Any]:
-    return {"value": v} if v is not None else {"value": None, "reason": reason}
+def _rejected_reason(item: tuple[int, str] | None) -> str | None:
+    if item is None:
+        return None
+    count, reason = item
+    return f"reported impossible values {count} times ({reason})"
 
 
 def _path(topology: Any, uuid: str, index_of: dict[str, int]) -> list[dict[str, Any]]:
@@ -108,11 +80,13 @@ def _gpu_report(
     agg: dict[str, Any],
     topology: Any = None,
     index_of: dict[str, int] | None = None,
+    rejected: dict[str, tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
     g = gpu.identity
     last = store.last_values(gpu.id, end, LAST_COLUMNS)
     n = agg["samples"] or 0
     no_data = "no samples in window" if n == 0 else "not reported by this GPU in the window"
+    rejected = rejected or {}
 
     def lv(name: str) -> Any:
         # Cumulative counters (ECC, remapped rows, replays) are read by the slow set only every
@@ -128,7 +102,7 @@ def _gpu_report(
     def stat(name: str, kind: str, reason: str | None = None) -> Any:
         value = agg.get(f"{name}_{kind}")
         if value is None:
-            unknown[f"{name}.{kind}"] = reason or no_data
+            unknown[f"{name}.{kind}"] = reason or _rejected_reason(rejected.get(name)) or no_data
         return value
 
     if g.gpm_supported:
@@ -171,7 +145,9 @@ def _gpu_report(
     }
     for k, v in ecc.items():
         if v is None:
-            unknown[f"ecc.{k}"] = "ECC not reported (disabled or not supported)" if n else no_data
+            unknown[f"ecc.{k}"] = _rejected_reason(rejected.get(f"ecc_{k}_total")) or (
+                "ECC not reported (disabled or not supported)" if n else no_data
+            )
 
     findings: list[dict[str, str]] = []
     up = agg["up_samples"] or 0
@@ -219,6 +195,11 @@ def _gpu_report(
         findings.append({"severity": "warning", "message": f"memory {mem_last / mem_total:.0%} used"})
     if n == 0:
         findings.append({"severity": "unknown", "message": "no samples in the window"})
+    for field, (count, reason) in sorted(rejected.items()):
+        # Information, never a verdict: the value was refused, so nothing was concluded from it.
+        findings.append(
+            {"severity": "info", "message": f"{field}: reported impossible values {count} times in the window ({reason})"}
+        )
 
     return {
         "index": g.index,
@@ -250,6 +231,7 @@ def _gpu_report(
             "failure": lv("remapped_rows_failure"),
         },
         "xid_counts": {str(k): v for k, v in sorted(xid_counts.items())},
+        "rejected": {k: {"count": c, "reason": r} for k, (c, r) in sorted(rejected.items())},
         "findings": findings,
         "unknown": unknown,
     }
@@ -305,7 +287,11 @@ def build_report(
     # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
     # every page once per GPU (docs/benchmarks.md, store section)
     aggs = store.window_aggregates_many([g.id for g in gpus], start, end, WINDOW_COLUMNS)
-    report["gpus"] = [_gpu_report(store, g, start, end, aggs[g.id], topology, index_of) for g in gpus]
+    rejected = store.rejections(hostname, start, end)
+    report["gpus"] = [
+        _gpu_report(store, g, start, end, aggs[g.id], topology, index_of, rejected.get(f"gpu:{g.identity.uuid}"))
+        for g in gpus
+    ]
     worst = "ok"
     for gpu in [*report["gpus"], {"findings": report["findings"]}]:
         for f in gpu["findings"]:

@@ -164,9 +164,10 @@ class Field:
         decode: enums and bitmasks: code or bit → name.
         required: the column is NOT NULL: the source always knows the value (``up``, a server's
             ``state``); every other field may be ``None``.
-        diagnose: ``window`` (mean and max over the report's window), ``last`` (newest value in
-            the window), ``cumulative`` (newest value at or before the window's end: counters
-            and latched flags read by the slow set) or ``""`` (not in the report).
+        diagnose: what ``diagnose`` reads of it: ``window`` (mean and max over the report's
+            window), ``last`` (newest value in the window), ``cumulative`` (newest value at or
+            before the window's end: counters and latched flags the slow set reads every few
+            ticks); empty when the report does not read it.
         note: anything a reader of ``docs/metrics.md`` should know.
     """
 
@@ -191,7 +192,7 @@ class Field:
     display: str | None = None
     label: str | None = None
     decode: Mapping[int, str] | None = None
-    diagnose: str = ""
+    diagnose: tuple[str, ...] = ()
     required: bool = False
     note: str = ""
 

@@ -58,8 +58,7 @@ def _ecc(name: str, kind_word: str, counter: str, where: str, smi: str, dcgm: st
         f"{kind_word.capitalize()} ECC errors, {counter}{where}.",
         nvml, INT64, cadence="slow", **_COUNT,
         prometheus=f"vgpumon_gpu_ecc_{name[len('ecc_'):-len('_total')]}_errors_total",
-        smi=smi, dcgm=dcgm, display="count", diagnose="cumulative",
-        label=f"ECC {kind_word} {counter}{where}",
+        smi=smi, dcgm=dcgm, display="count", label=f"ECC {kind_word} {counter}{where}",
     )
 
 
@@ -135,25 +134,25 @@ SAMPLES: tuple[Field, ...] = (
         "nvmlDeviceGetMemoryInfo(v2).used; v1 used (reserved included) on drivers without v2", INT64, lo=0, hi=_GIB48,
         limit="memory_total", rollup=("min", "mean", "max", "p50", "p95", "p99"),
         prometheus="vgpumon_gpu_memory_used_bytes", smi="memory.used", dcgm="DCGM_FI_DEV_FB_USED",
-        diagnose="window", label="memory used",
+        diagnose=("window", "last"), label="memory used",
     ),
     _sample(
         "memory_reserved_bytes", "gauge", "bytes", "Device memory the driver reserves.",
         "nvmlDeviceGetMemoryInfo(v2).reserved", INT64, lo=0, hi=_GIB48, limit="memory_total",
         prometheus="vgpumon_gpu_memory_reserved_bytes", smi="memory.reserved", dcgm="DCGM_FI_DEV_FB_RESERVED",
-        diagnose="last", label="driver reserved",
+        diagnose=("last",), label="driver reserved",
     ),
     _sample(
         "memory_total_bytes", "gauge", "bytes", "Device memory total.", "nvmlDeviceGetMemoryInfo.total", INT64,
         lo=0, hi=_GIB48, rollup=("last",), prometheus="vgpumon_gpu_memory_total_bytes", smi="memory.total",
-        dcgm="DCGM_FI_DEV_FB_TOTAL", diagnose="last", label="memory total",
+        dcgm="DCGM_FI_DEV_FB_TOTAL", diagnose=("last",), label="memory total",
     ),
     _sample(
         "utilization_gpu_ratio", "gauge", "ratio",
         "Share of time any kernel or copy ran (utilization.gpu): not SM activity; a copy reads 1.",
         "nvmlDeviceGetUtilizationRates().gpu % / 100", RATIO, lo=0, hi=1,
         rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_utilization_ratio",
-        smi="utilization.gpu", dcgm="DCGM_FI_DEV_GPU_UTIL", diagnose="window", label="GPU util (busy time)",
+        smi="utilization.gpu", dcgm="DCGM_FI_DEV_GPU_UTIL", diagnose=("window",), label="GPU util (busy time)",
         note="None under MIG",
     ),
     _sample(
@@ -166,22 +165,22 @@ SAMPLES: tuple[Field, ...] = (
         "sm_active_ratio", "gauge", "ratio", "Share of SMs with work, averaged over the tick (GPM).",
         "GPM SM_UTIL (2) % / 100 over the tick", RATIO, lo=0, hi=1,
         rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_sm_active_ratio",
-        dcgm="DCGM_FI_PROF_SM_ACTIVE", diagnose="window", label="SM activity",
+        dcgm="DCGM_FI_PROF_SM_ACTIVE", diagnose=("window",), label="SM activity",
     ),
     _sample(
         "sm_occupancy_ratio", "gauge", "ratio", "Resident warps over the SMs' maximum, averaged over the tick (GPM).",
         "GPM SM_OCCUPANCY (3) % / 100", RATIO, lo=0, hi=1, prometheus="vgpumon_gpu_sm_occupancy_ratio",
-        dcgm="DCGM_FI_PROF_SM_OCCUPANCY", diagnose="window", label="SM occupancy",
+        dcgm="DCGM_FI_PROF_SM_OCCUPANCY", diagnose=("window",), label="SM occupancy",
     ),
     _sample(
         "tensor_active_ratio", "gauge", "ratio", "Share of cycles any tensor pipe was active (GPM).",
         "GPM ANY_TENSOR_UTIL (5) % / 100", RATIO, lo=0, hi=1, prometheus="vgpumon_gpu_tensor_active_ratio",
-        dcgm="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", diagnose="window", label="tensor activity",
+        dcgm="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", diagnose=("window",), label="tensor activity",
     ),
     _sample(
         "dram_active_ratio", "gauge", "ratio", "Share of cycles the memory interface was busy (GPM).",
         "GPM DRAM_BW_UTIL (10) % / 100", RATIO, lo=0, hi=1, rollup=("min", "mean", "max", "p50", "p95", "p99"),
-        prometheus="vgpumon_gpu_dram_active_ratio", dcgm="DCGM_FI_PROF_DRAM_ACTIVE", diagnose="window",
+        prometheus="vgpumon_gpu_dram_active_ratio", dcgm="DCGM_FI_PROF_DRAM_ACTIVE", diagnose=("window",),
         label="DRAM activity",
     ),
     _sample(
@@ -190,7 +189,7 @@ SAMPLES: tuple[Field, ...] = (
         "GPM PCIE_TX_PER_SEC (20) MiB/s × 2^20; without GPM nvmlDeviceGetPcieThroughput(TX) KB/s × 1000 "
         "(20 ms window, poller thread)", BYTES_PER_SECOND, lo=0, hi=_PCIE_MAX, limit="pcie_link",
         rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_tx_bytes_per_second",
-        smi="-q: PCI Tx Throughput", dcgm="DCGM_FI_PROF_PCIE_TX_BYTES", diagnose="window", label="PCIe TX",
+        smi="-q: PCI Tx Throughput", dcgm="DCGM_FI_PROF_PCIE_TX_BYTES", diagnose=("window",), label="PCIe TX",
     ),
     _sample(
         "pcie_rx_bytes_per_second", "gauge", "bytes_per_second",
@@ -198,33 +197,33 @@ SAMPLES: tuple[Field, ...] = (
         "GPM PCIE_RX_PER_SEC (21) MiB/s × 2^20; without GPM nvmlDeviceGetPcieThroughput(RX) KB/s × 1000 "
         "(20 ms window, poller thread)", BYTES_PER_SECOND, lo=0, hi=_PCIE_MAX, limit="pcie_link",
         rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_rx_bytes_per_second",
-        smi="-q: PCI Rx Throughput", dcgm="DCGM_FI_PROF_PCIE_RX_BYTES", diagnose="window", label="PCIe RX",
+        smi="-q: PCI Rx Throughput", dcgm="DCGM_FI_PROF_PCIE_RX_BYTES", diagnose=("window",), label="PCIe RX",
     ),
     _sample(
         "pcie_link_gen_current", "gauge", "generation", "PCIe generation the link runs at now (down-trains when idle).",
         "nvmlDeviceGetCurrPcieLinkGeneration", INT16, lo=1, hi=7, prometheus="vgpumon_gpu_pcie_link_generation",
-        smi="pcie.link.gen.current", dcgm="DCGM_FI_DEV_PCIE_LINK_GEN", diagnose="last", label="PCIe generation",
+        smi="pcie.link.gen.current", dcgm="DCGM_FI_DEV_PCIE_LINK_GEN", diagnose=("last",), label="PCIe generation",
     ),
     _sample(
         "pcie_link_width_current", "gauge", "lanes", "PCIe lanes the link runs with now.",
         "nvmlDeviceGetCurrPcieLinkWidth", INT16, lo=1, hi=32, prometheus="vgpumon_gpu_pcie_link_width",
-        smi="pcie.link.width.current", dcgm="DCGM_FI_DEV_PCIE_LINK_WIDTH", diagnose="last", label="PCIe width",
+        smi="pcie.link.width.current", dcgm="DCGM_FI_DEV_PCIE_LINK_WIDTH", diagnose=("last",), label="PCIe width",
     ),
     _sample(
         "temperature_celsius", "gauge", "celsius", "GPU core temperature.", "nvmlDeviceGetTemperature(GPU) °C",
         CELSIUS, lo=-40, hi=150, rollup=("min", "mean", "max", "p50", "p95", "p99"),
         prometheus="vgpumon_gpu_temperature_celsius", smi="temperature.gpu", dcgm="DCGM_FI_DEV_GPU_TEMP",
-        diagnose="window", label="temperature",
+        diagnose=("window",), label="temperature",
     ),
     _sample(
         "power_watts", "gauge", "watts", "Power draw of the board.", "nvmlDeviceGetPowerUsage mW / 1000", WATTS,
         lo=0, hi=5000, rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_power_usage_watts",
-        smi="power.draw", dcgm="DCGM_FI_DEV_POWER_USAGE", diagnose="window", label="power",
+        smi="power.draw", dcgm="DCGM_FI_DEV_POWER_USAGE", diagnose=("window",), label="power",
         note="5 kW bound: above any board (H200 700 W, GB300 1.4 kW)",
     ),
     _sample(
         "sm_clock_hertz", "gauge", "hertz", "SM clock.", "nvmlDeviceGetClockInfo(SM) MHz × 1e6", HERTZ, lo=0, hi=10e9,
-        prometheus="vgpumon_gpu_sm_clock_hertz", smi="clocks.sm", dcgm="DCGM_FI_DEV_SM_CLOCK", diagnose="window",
+        prometheus="vgpumon_gpu_sm_clock_hertz", smi="clocks.sm", dcgm="DCGM_FI_DEV_SM_CLOCK", diagnose=("window",),
         label="SM clock",
     ),
     _sample(
@@ -244,27 +243,27 @@ SAMPLES: tuple[Field, ...] = (
         "Corrected (single-bit) ECC errors since the driver loaded.",
         "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)", INT64, cadence="slow", **_COUNT,
         prometheus="vgpumon_gpu_ecc_corrected_volatile_errors_total", smi="ecc.errors.corrected.volatile.total",
-        dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", display="count", diagnose="cumulative", label="ECC corrected volatile",
+        dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", display="count", diagnose=("cumulative",), label="ECC corrected volatile",
     ),
     _sample(
         "ecc_uncorrected_volatile_total", "counter", "count",
         "Uncorrected (double-bit) ECC errors since the driver loaded: any is a reason to drain and reset.",
         "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", INT64, cadence="slow", **_COUNT,
         prometheus="vgpumon_gpu_ecc_uncorrected_volatile_errors_total", smi="ecc.errors.uncorrected.volatile.total",
-        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", display="count", diagnose="cumulative",
+        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", display="count", diagnose=("cumulative",),
         label="ECC uncorrected volatile",
     ),
     _sample(
         "ecc_corrected_aggregate_total", "counter", "count", "Corrected ECC errors over the board's life.",
         "nvmlDeviceGetTotalEccErrors(CORRECTED, AGGREGATE)", INT64, cadence="slow", **_COUNT,
         prometheus="vgpumon_gpu_ecc_corrected_aggregate_errors_total", smi="ecc.errors.corrected.aggregate.total",
-        dcgm="DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", display="count", diagnose="cumulative", label="ECC corrected aggregate",
+        dcgm="DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", display="count", diagnose=("cumulative",), label="ECC corrected aggregate",
     ),
     _sample(
         "ecc_uncorrected_aggregate_total", "counter", "count", "Uncorrected ECC errors over the board's life.",
         "nvmlDeviceGetTotalEccErrors(UNCORRECTED, AGGREGATE)", INT64, cadence="slow", **_COUNT,
         prometheus="vgpumon_gpu_ecc_uncorrected_aggregate_errors_total", smi="ecc.errors.uncorrected.aggregate.total",
-        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", display="count", diagnose="cumulative",
+        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", display="count", diagnose=("cumulative",),
         label="ECC uncorrected aggregate",
     ),
     _sample(
@@ -306,7 +305,7 @@ SAMPLES: tuple[Field, ...] = (
     _sample(
         "pcie_replay_total", "counter", "count", "PCIe replays (link-level retransmissions) since reset.",
         "nvmlDeviceGetPcieReplayCounter", INT64, cadence="slow", **_COUNT, prometheus="vgpumon_gpu_pcie_replays_total",
-        smi="-q: Replays Since Reset", dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER", display="count", diagnose="cumulative",
+        smi="-q: Replays Since Reset", dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER", display="count", diagnose=("cumulative",),
         label="PCIe replays", note="DCGM's budget per minute: Gen3 8, Gen4 16, Gen5 31 (x16; FACTS §4)",
     ),
     _sample(
@@ -320,20 +319,20 @@ SAMPLES: tuple[Field, ...] = (
         "remapped_rows_uncorrectable_total", "counter", "count", "Rows remapped after uncorrectable errors.",
         "nvmlDeviceGetRemappedRows()[1]", INT32, cadence="slow", lo=0, hi=2**31 - 1,
         prometheus="vgpumon_gpu_remapped_rows_uncorrectable_total", smi="remapped_rows.uncorrectable",
-        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", display="count", diagnose="cumulative",
+        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", display="count", diagnose=("cumulative",),
         label="remapped rows (uncorrectable)", note="≥ 512: warning (FACTS §4)",
     ),
     _sample(
         "remapped_rows_pending", "flag", "bool", "A row remap waits for a GPU reset.",
         "nvmlDeviceGetRemappedRows()[2]", BOOL, cadence="slow", lo=0, hi=1,
         prometheus="vgpumon_gpu_remapped_rows_pending", smi="remapped_rows.pending",
-        dcgm="DCGM_FI_DEV_ROW_REMAP_PENDING", diagnose="cumulative", label="row remap pending",
+        dcgm="DCGM_FI_DEV_ROW_REMAP_PENDING", diagnose=("cumulative",), label="row remap pending",
     ),
     _sample(
         "remapped_rows_failure", "flag", "bool", "A row remap failed: the GPU needs replacing.",
         "nvmlDeviceGetRemappedRows()[3]", BOOL, cadence="slow", lo=0, hi=1,
         prometheus="vgpumon_gpu_remapped_rows_failure", smi="remapped_rows.failure",
-        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE", diagnose="cumulative", label="row remap failure",
+        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE", diagnose=("cumulative",), label="row remap failure",
     ),
     _sample(
         "retired_pages_single_bit_total", "counter", "count", "Pages retired after multiple single-bit errors.",

@@ -498,6 +498,36 @@ class Store:
             out[d.pop("gpu_id")] = d
         return out
 
+    def rejections(self, hostname: str, start: float, end: float) -> dict[str, dict[str, tuple[int, str]]]:
+        """Values rejected at the door over ``start <= ts <= end`` for one host.
+
+        Returns:
+            subject (``gpu:<uuid>``, ``host``, ``vllm:<url>``) → field → (ticks with a rejected
+            value, the newest reason).
+        """
+        t = RejectedValue.__table__
+        c = t.c
+        out: dict[str, dict[str, tuple[int, str]]] = {}
+        try:
+            with self.engine.connect() as conn:
+                host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
+                if host_id is None:
+                    return out
+                where = and_(c.host_id == host_id, c.ts >= start, c.ts <= end)
+                counts = conn.execute(
+                    select(c.subject, c.field, func.count(), type_coerce(func.max(c.ts), c.ts.type))
+                    .where(where)
+                    .group_by(c.subject, c.field)
+                ).all()
+                for subject, field, n, newest in counts:
+                    reason = conn.scalar(
+                        select(c.reason).where(and_(where, c.subject == subject, c.field == field, c.ts == newest))
+                    )
+                    out.setdefault(subject, {})[field] = (int(n), reason)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
     def last_values(self, gpu_id: int, end: float, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
         """Newest non-NULL value of each column at or before ``end`` for one GPU.
 
