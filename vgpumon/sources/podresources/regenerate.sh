@@ -2,8 +2,8 @@
 # Regenerates api_pb2.py and api_pb2_grpc.py from api.proto.
 #
 # The generator is pinned: grpcio-tools 1.66.2 writes protobuf 5.27.2 gencode, which loads on
-# every protobuf runtime from 5.27.2 on (6.x warns once, 7.x is silent), and its gRPC module needs
-# grpcio >= 1.66.2. A newer generator would raise both floors (1.85 writes 7.35 gencode), and the
+# protobuf runtimes from 5.27.2 on (tests pass on 5.27.2, 6.33 and 7.36), and its gRPC module
+# needs grpcio >= 1.66.2. A newer generator would raise both floors (1.85 writes 7.35 gencode), and the
 # `kubernetes` extra in pyproject.toml states these floors.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
