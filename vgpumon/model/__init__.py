@@ -16,18 +16,30 @@ from vgpumon.model.gpu import (
     SourceStatus,
     XidEvent,
 )
+from vgpumon.model.kubernetes import (
+    DeviceAllocations,
+    GpuAttribution,
+    KubernetesAttribution,
+    PodContainer,
+    ProcessAttribution,
+)
 from vgpumon.model.topology import PcieHop, PcieTopology
 from vgpumon.model.vllm import EngineSample, InstanceIdentity, ServerSample, ServerState
 
 __all__ = [
+    "DeviceAllocations",
     "EngineSample",
+    "GpuAttribution",
     "GpuIdentity",
     "GpuSample",
     "HostSample",
     "InstanceIdentity",
+    "KubernetesAttribution",
     "NvmlReading",
     "PcieHop",
     "PcieTopology",
+    "PodContainer",
+    "ProcessAttribution",
     "ProcessInfo",
     "ServerSample",
     "ServerState",

@@ -8,7 +8,10 @@ for each ``None`` that is not simply "not sampled this tick" is in ``GpuSample.m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from vgpumon.model.kubernetes import KubernetesAttribution
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,8 @@ class Snapshot:
         xid_events: XID events received during this tick.
         sources: self-metrics of each source for this tick.
         host: the host sample (CPU, memory, GPU processes' owners), ``None`` when not taken.
+        kubernetes: pod/namespace/container of the GPUs and GPU processes, from the kubelet
+            (``vgpumon.sources.kubernetes.attach``); ``None`` off Kubernetes or without an answer.
     """
 
     ts: float
@@ -279,3 +284,4 @@ class Snapshot:
     xid_events: tuple[XidEvent, ...] = ()
     sources: tuple[SourceStatus, ...] = ()
     host: HostSample | None = None
+    kubernetes: KubernetesAttribution | None = None
