@@ -19,7 +19,7 @@ of the transformations below, so every value a test sees was once answered by a 
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
 
@@ -123,6 +123,32 @@ def set_call(
                 calls.append([scope, fn, list(args), dict(kwargs), copy.deepcopy(outcome)])
         out.append({**tick, "calls": calls})
     return {**header, "derived": f"{header.get('derived', '')} set_call({scope}, {fn})".strip()}, out
+
+
+def edit_call(
+    header: dict[str, Any],
+    ticks: Ticks,
+    scope: Any,
+    fn: str,
+    edit: Callable[[Any], Any],
+    *,
+    at: Iterable[int],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Ticks]:
+    """Pass the recorded value of call ``(scope, fn, args, kwargs)`` through ``edit`` in ticks
+    ``at``; ticks where the call was not made or answered an error are left alone."""
+    wanted = set(at)
+    kwargs = kwargs or {}
+    out = []
+    for tick in ticks:
+        calls = [list(c) for c in tick["calls"]]
+        if tick["tick"] in wanted:
+            for c in calls:
+                if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs and "v" in c[4]:
+                    c[4] = {"v": edit(copy.deepcopy(c[4]["v"]))}
+        out.append({**tick, "calls": calls})
+    return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, out
 
 
 def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBackend:
