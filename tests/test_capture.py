@@ -57,3 +57,20 @@ def test_call_missing_from_capture_is_none_with_reason_not_a_crash():
     s = samples[5].samples[0]
     assert s.power_watts is None and s.missing["power_watts"] == "not in capture"
     assert s.temperature_celsius is not None
+
+
+def test_field_values_struct_becomes_plain_data_with_its_union_decoded():
+    """``nvmlDeviceGetFieldValues`` answers an array of ``nvmlFieldValue_t``, whose ``value`` is a
+    union named by ``valueType``: the capture keeps the one member NVML filled, not the other
+    members' reinterpretation of its bytes (built with nvidia-ml-py's own ctypes types)."""
+    pynvml = __import__("pynvml")
+    from vgpumon.sources.nvml_backend import to_plain
+
+    values = (pynvml.c_nvmlFieldValue_t * 2)()
+    values[0].fieldId, values[0].valueType, values[0].nvmlReturn = 82, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0
+    values[0].value.uiVal = 37
+    values[1].fieldId, values[1].valueType, values[1].nvmlReturn = 83, pynvml.NVML_VALUE_TYPE_DOUBLE, 3
+    values[1].value.dVal = 1.5
+    plain = to_plain(values)
+    assert [(v["fieldId"], v["nvmlReturn"], v["value"]) for v in plain] == [(82, 0, 37), (83, 3, 1.5)]
+    assert json.loads(json.dumps(plain)) == plain

@@ -170,6 +170,9 @@ class NvmlBackend(Protocol):
 
 
 _PLAIN = frozenset({bool, int, float, str})
+#: ``nvmlValueType_t`` → member of ``nvmlValue_t`` (nvml.h: DOUBLE 0, UNSIGNED_INT 1,
+#: UNSIGNED_LONG 2, UNSIGNED_LONG_LONG 3, SIGNED_LONG_LONG 4, SIGNED_INT 5, UNSIGNED_SHORT 6).
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def to_plain(value: Any) -> Any:
@@ -182,12 +185,18 @@ def to_plain(value: Any) -> Any:
         return [to_plain(v) for v in value]
     if isinstance(value, ctypes.Array):
         return [to_plain(v) for v in value]
-    if isinstance(value, ctypes.Structure):
-        out = {}
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):
+        out: dict[str, Any] = {}
         for name, ctype, *_ in value._fields_:
             if issubclass(ctype, (ctypes._Pointer, ctypes.c_void_p)):  # type: ignore[attr-defined]
                 continue
-            out[name] = to_plain(getattr(value, name))
+            member = getattr(value, name)
+            if isinstance(member, ctypes.Union) and name == "value" and out.get("valueType") in _VALUE_MEMBERS:
+                # nvmlFieldValue_t: the union holds one member, named by valueType; the others
+                # reinterpret its bytes (a double read from an integer can be NaN).
+                out[name] = to_plain(getattr(member, _VALUE_MEMBERS[out["valueType"]]))
+            else:
+                out[name] = to_plain(member)
         return out
     if isinstance(value, ctypes._SimpleCData):
         return to_plain(value.value)
