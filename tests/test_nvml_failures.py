@@ -175,3 +175,28 @@ def test_diagnose_turns_xid_79_into_critical(tmp_path):
     out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
     assert out.returncode == 2
     assert "[CRITICAL] XID 79 × 1 in the window" in out.stdout
+
+
+def _field_values(ret: int, value: int) -> dict:
+    # the shape nvmlDeviceGetFieldValues answers in a capture (to_plain of nvmlFieldValue_t)
+    return {"v": [{"fieldId": 82, "scopeId": 0, "timestamp": 0, "latencyUsec": 0, "valueType": 1, "nvmlReturn": ret, "value": value}]}
+
+
+def test_memory_temperature_reads_the_field_entry_and_its_own_return_code(tmp_path):
+    """HBM temperature comes from nvmlDeviceGetFieldValues([82]). The call succeeds when any entry
+    was filled, so an entry answering NOT_SUPPORTED beside a zeroed value must be None — not 0 °C
+    (a real exporter's bug) — and is not asked again."""
+    header, ticks = read_capture(H200_CAPTURE)
+    args = ([82],)
+    header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetFieldValues", _field_values(0, 37), at=range(0, 10), args=args)
+    header, ticks = scenarios.set_call(
+        header, ticks, 0, "nvmlDeviceGetFieldValues", _field_values(NVML_ERROR_NOT_SUPPORTED, 0), at=range(10, 76), args=args
+    )
+    rec = RecordingBackend(scenarios.backend(header, ticks), tmp_path / "calls.jsonl")
+    src, readings = read_all(rec)
+    rec.close()
+    temps = [r.samples[0].memory_temperature_celsius for r in readings]
+    assert temps[:10] == [37.0] * 10
+    assert temps[10:] == [None] * 66
+    assert readings[40].samples[0].missing["memory_temperature_celsius"] == "not supported"
+    assert (tmp_path / "calls.jsonl").read_text().count('"nvmlDeviceGetFieldValues"') == 11  # asked once after

@@ -98,6 +98,8 @@ class GpuSample:
             ``nvmlDeviceGetComputeMode``, ``nvmlDeviceGetMigMode`` current (slow set).
         energy_joules_total: ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000 since driver load
             (slow set).
+        memory_temperature_celsius: HBM temperature, ``nvmlDeviceGetFieldValues`` field 82
+            (``NVML_FI_DEV_MEMORY_TEMP``; nvidia-smi ``temperature.memory``).
         pcie_replay_rate_per_second: increase of ``pcie_replay_total`` per second since the
             previous slow read; ``None`` on the first read and after a counter reset.
         xid_counts: XID code → events seen on this GPU since the agent started.
@@ -159,6 +161,7 @@ class GpuSample:
     compute_mode: int | None = None
     mig_mode: int | None = None
     pcie_replay_rate_per_second: float | None = None
+    memory_temperature_celsius: float | None = None
     xid_counts: Mapping[int, int] = field(default_factory=dict)
     xid_last_seen: Mapping[int, float] = field(default_factory=dict)
     processes: tuple[tuple[int, int | None], ...] = ()

@@ -68,6 +68,7 @@ NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
 NVML_PERF_POLICY_POWER = 0
 NVML_PERF_POLICY_THERMAL = 1
+NVML_FI_DEV_MEMORY_TEMP = 82  # nvml.h field id: HBM temperature, °C
 NVML_MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t); values are percent or MiB/s.
@@ -187,6 +188,30 @@ class _Reader:
             v[field] = self.door.value(field, raw, scale, limit)
         except Rejected as exc:
             self.missing[field] = exc.reason
+
+    def field_value(self, field: str, field_id: int) -> Any:
+        """One ``nvmlDeviceGetFieldValues`` id. The call succeeds when *any* entry was filled, so
+        the entry's own return code decides: NOT_SUPPORTED there is ``None`` (remembered like a
+        call that is not supported), never the zeroed value beside it.
+
+        Raises:
+            DeviceDown: the entry says the device is gone.
+        """
+        key = ("nvmlDeviceGetFieldValues", ((field_id,),), ())
+        answer = self.q(field, "nvmlDeviceGetFieldValues", (field_id,))
+        entry = answer[0] if isinstance(answer, list) and answer else answer
+        ret = self.get(field, entry, "nvmlReturn")
+        if ret is None:
+            return None
+        if ret != 0:
+            exc = NvmlCallError(int(ret), "nvmlDeviceGetFieldValues")
+            if exc.is_lifecycle:
+                raise DeviceDown(exc)
+            if exc.code in _PERMANENT:
+                self.unsupported.add(key)
+            self.missing[field] = exc.reason
+            return None
+        return self.get(field, entry, "value")
 
     def get(self, field: str, answer: Any, key: str) -> Any:
         """``answer[key]`` of a struct answer (a dict), or ``None`` with a reason when the
@@ -478,6 +503,7 @@ class NvmlSource:
             self._pcie_throughput(r, gpu, ts, v)
 
         r.put("temperature_celsius", r.q("temperature_celsius", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU), v)
+        r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
         r.put("power_watts", r.q("power_watts", "nvmlDeviceGetPowerUsage"), v, 1e-3)
         r.put("sm_clock_hertz", r.q("sm_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM), v, 1e6)
         r.put("memory_clock_hertz", r.q("memory_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM), v, 1e6)
