@@ -200,3 +200,16 @@ def test_memory_temperature_reads_the_field_entry_and_its_own_return_code(tmp_pa
     assert temps[10:] == [None] * 66
     assert readings[40].samples[0].missing["memory_temperature_celsius"] == "not supported"
     assert (tmp_path / "calls.jsonl").read_text().count('"nvmlDeviceGetFieldValues"') == 11  # asked once after
+
+
+def test_hbm_temperature_recorded_on_the_h200_replays_as_nvidia_smi_read_it(tmp_path, store_of):
+    """The real answer of the field-values call (h200-idle-hbm, recorded with nvidia-smi reading
+    temperature.memory 38 °C beside it) goes through the door into the store."""
+    url = f"sqlite:///{tmp_path / 'hbm.db'}"
+    agent = replay_into(url, scenarios.backend(*read_capture(DATA / "h200-idle-hbm.jsonl.gz")))
+    store = store_of(url)
+    (gpu,) = store.gpus_of("h200-replay")
+    rows = store.series(gpu.id, 0, 2e9, ("memory_temperature_celsius", "temperature_celsius"))
+    assert len(rows) == agent.stats.ticks == 13
+    assert {r["memory_temperature_celsius"] for r in rows} == {38.0}
+    assert {r["temperature_celsius"] for r in rows} == {34.0}
