@@ -24,7 +24,7 @@ STRUCTURAL = {
     "gpus": {"id", "host_id", "index", "first_seen", "last_seen"},
     "gpu_samples": {"gpu_id", "ts"},
     "gpu_process_samples": {"gpu_id", "ts", "process_id"},
-    "xid_events": {"id", "gpu_id", "ts"},
+    "xid_events": {"id", "gpu_id", "ts", "seq"},
     "host_samples": {"host_id", "ts"},
     "vllm_samples": {"instance_id", "ts"},
     "vllm_engine_samples": {"instance_id", "ts", "model_name", "engine"},

@@ -28,7 +28,7 @@ from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
 from vgpumon.pacing import wait_for_slot
 from vgpumon.sources.host import HostSource
-from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
@@ -81,7 +81,10 @@ class Agent:
         paced: sleep between ticks (live sampling, or a replay at recorded pace); false replays a
             capture as fast as possible.
         flush_every: seconds of wall time between batched writes.
-        monotonic: injected clock for pacing (``time.monotonic``).
+        monotonic: injected clock for pacing, ``--duration`` and the intervals between ticks
+            (``time.monotonic``).
+        clock: injected wall clock for tick times (``time.time``); a step of it against
+            ``monotonic`` (NTP, a VM resuming) is detected, logged and stored as an event.
         on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
         host: the host source (psutil); ``None`` skips host samples (replays of another host's
             capture skip them by default: this host's CPU says nothing about that one).
@@ -110,6 +113,7 @@ class Agent:
         paced: bool = True,
         flush_every: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         on_tick: Callable[[Snapshot], None] | None = None,
         host: HostSource | None = None,
         sysfs_root: str | None = None,
@@ -127,6 +131,8 @@ class Agent:
         self.paced = paced
         self.flush_every = flush_every
         self.monotonic = monotonic
+        self.clock = clock
+        self._last_clock: tuple[float, float] | None = None  # (wall, monotonic) of the last tick
         self.on_tick = on_tick
         self.host = host
         self.sysfs_root = sysfs_root
@@ -150,6 +156,23 @@ class Agent:
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+
+    @property
+    def _replaying(self) -> bool:
+        """True when the ticks' times come from a capture, not from this host's clock."""
+        return bool(getattr(self.source.backend, "replays_time", False))
+
+    def _tick_time(self) -> float:
+        """The wall-clock time of the tick about to be taken. A wall clock that moved by more
+        than ``CLOCK_STEP_SECONDS`` beyond what the monotonic clock measured since the last tick
+        stepped (NTP, a VM resumed): the source stores the event and voids rates across it."""
+        wall, mono = self.clock(), self.monotonic()
+        if self._last_clock is not None and not self._replaying:
+            drift = (wall - self._last_clock[0]) - (mono - self._last_clock[1])
+            if abs(drift) > CLOCK_STEP_SECONDS:
+                self.source.clock_stepped(drift, at=self._last_clock[0])
+        self._last_clock = (wall, mono)
+        return wall
 
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
@@ -293,7 +316,9 @@ class Agent:
             reject(s.ts, f"gpu:{s.uuid}", {**s.missing, **failed})
         rows: TickRows = {
             "gpu_samples": gpu_rows,
-            "xid_events": [{"gpu_id": ids[e.uuid], "ts": e.ts, "xid": e.xid} for e in snap.xid_events if e.uuid in ids],
+            "xid_events": [
+                {"gpu_id": ids[e.uuid], "ts": e.ts, "xid": e.xid, "seq": e.seq} for e in snap.xid_events if e.uuid in ids
+            ],
         }
         h: HostSample | None = snap.host
         if h is not None and host_id is not None:
@@ -320,6 +345,11 @@ class Agent:
                     procs.append(row)
             rows["gpu_process_samples"] = procs
         rows["rejected_values"] = rejected
+        if host_id is not None:
+            rows["host_events"] = [
+                {"host_id": host_id, "ts": e.ts, "kind": e.kind, "subject": e.subject[:160], "detail": e.detail[:255]}
+                for e in snap.events
+            ]
         return rows
 
     # -- vLLM: its own task and pace; rows through the store thread ----------------------------
@@ -376,17 +406,21 @@ class Agent:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             start = self.monotonic()
             first_ts: float | None = None
+            first_mono = start
             last_flush = start
             k = 0
             while not stop.is_set():
+                wall = self._tick_time()
                 try:
-                    reading: NvmlReading = await self._nvml(self.source.sample)
+                    reading: NvmlReading = await self._nvml(self.source.sample, wall)
                 except EndOfCapture:
                     break
                 ts = reading.ts
                 if first_ts is None:
-                    first_ts = ts
-                if self.duration is not None and ts - first_ts >= self.duration:
+                    first_ts, first_mono = ts, self.monotonic()
+                # a live run's --duration is monotonic time; a replay's is the capture's time
+                elapsed = ts - first_ts if self._replaying else self.monotonic() - first_mono
+                if self.duration is not None and elapsed >= self.duration:
                     break
                 if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                     self.stats.gpus = len(self.source.gpus)
@@ -398,7 +432,7 @@ class Agent:
                 statuses = tuple(s for s in (reading.status,) if s is not None)
                 snap = Snapshot(
                     ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
-                    xid_events=reading.xid_events, sources=statuses, host=host,
+                    xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
                 )
                 self.latest = snap
                 if self.vllm is not None:

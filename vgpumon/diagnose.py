@@ -282,6 +282,7 @@ def build_report(
         report["findings"].append(
             {"severity": "unknown", "message": f"newest sample is {now - end:.0f} s old (> {max_age_seconds:.0f} s): is the agent running?"}
         )
+    report["findings"] += _device_set_findings(store.events(hostname, 0, end, kinds=_DEVICE_SET_EVENTS))
     topology = store.topology(hostname)
     index_of = {g.identity.uuid: g.identity.index for g in gpus}
     # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
@@ -299,6 +300,27 @@ def build_report(
                 worst = f["severity"]
     report["status"] = worst
     return report
+
+
+_DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_disappeared", "gpu_appeared")
+
+
+def _device_set_findings(events: list[Any]) -> list[dict[str, str]]:
+    """A GPU that NVML counts but cannot name, or that went away, and has not (re)appeared since:
+    the host has fewer GPUs than it had, whatever the remaining ones say."""
+    open_: dict[str, Any] = {}
+    for e in events:  # oldest first
+        if e.kind == "gpu_appeared":
+            open_.pop(e.subject, None)
+            index = e.detail.split(",", 1)[0].removeprefix("index ").strip()
+            open_.pop(f"index:{index}", None)
+        else:
+            open_[e.subject] = e
+    out = []
+    for subject, e in open_.items():
+        what = "cannot be identified" if e.kind == "gpu_unidentified" else "disappeared"
+        out.append({"severity": "warning", "message": f"{subject} {what} since {_iso(e.ts)} ({e.detail})"})
+    return out
 
 
 def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Units: seconds, bytes, bytes/s, ratio 0–1, celsius, watts, joules, hertz. ``No
 from vgpumon.model.gpu import (
     GpuIdentity,
     GpuSample,
+    HostEvent,
     HostSample,
     NvmlReading,
     ProcessInfo,
@@ -32,6 +33,7 @@ __all__ = [
     "GpuAttribution",
     "GpuIdentity",
     "GpuSample",
+    "HostEvent",
     "HostSample",
     "InstanceIdentity",
     "KubernetesAttribution",

@@ -170,11 +170,35 @@ class GpuSample:
 
 @dataclass(frozen=True, slots=True)
 class XidEvent:
-    """One XID event: ``ts`` (epoch seconds, when the agent received it), GPU, XID code."""
+    """One XID event: ``ts`` (epoch seconds, when the agent received it), GPU, XID code, and
+    ``seq``, its number among the GPU's events since the agent started — three XID 31 in one
+    millisecond are three events, and a replayed spool still stores each once."""
 
     ts: float
     uuid: str
     xid: int
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HostEvent:
+    """Something that happened to the host or one of its GPUs, stored as it happened so that
+    reports and rules can explain a gap or ignore a step (``host_events``).
+
+    Attributes:
+        ts: when the source noticed it (epoch seconds).
+        kind: what happened — ``gpu_appeared``, ``gpu_disappeared``, ``gpu_unidentified`` (a
+            device NVML counts but cannot name), ``gpu_down``, ``gpu_recovered``,
+            ``gpu_wedged``, ``gpu_unwedged``, ``nvml_down``, ``nvml_reinitialized``,
+            ``memory_api_changed``, ``clock_step``, ``collector_fault``.
+        subject: ``gpu:<uuid>``, ``index:<n>`` for a device without a readable UUID, or ``host``.
+        detail: the evidence in words (reason, old → new, seconds).
+    """
+
+    ts: float
+    kind: str
+    subject: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +286,7 @@ class NvmlReading:
     samples: tuple[GpuSample, ...]
     xid_events: tuple[XidEvent, ...] = ()
     status: SourceStatus | None = None
+    events: tuple[HostEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +303,8 @@ class Snapshot:
         host: the host sample (CPU, memory, GPU processes' owners), ``None`` when not taken.
         kubernetes: pod/namespace/container of the GPUs and GPU processes, from the kubelet
             (``vgpumon.sources.kubernetes.attach``); ``None`` off Kubernetes or without an answer.
+        events: what happened during this tick (GPUs appearing or going, re-initialisations,
+            clock steps, ...).
     """
 
     ts: float
@@ -288,3 +315,4 @@ class Snapshot:
     sources: tuple[SourceStatus, ...] = ()
     host: HostSample | None = None
     kubernetes: KubernetesAttribution | None = None
+    events: tuple[HostEvent, ...] = ()

@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
 from vgpumon.errors import NvmlUnavailableError
-from vgpumon.model import GpuIdentity, GpuSample, NvmlReading, SourceStatus, XidEvent
+from vgpumon.model import GpuIdentity, GpuSample, HostEvent, NvmlReading, SourceStatus, XidEvent
 from vgpumon.pcie import link_capacity_bytes_per_second
 from vgpumon.sources.nvml_backend import (
+    ERROR_NAMES,
     NOT_IN_CAPTURE,
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -100,11 +101,23 @@ _GPM_PCIE = frozenset({GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC})
 NVML_PSTATE_UNKNOWN = 32
 #: Largest PID Linux can hand out (``pid_max`` limit, 2**22); anything above is not a PID.
 PID_MAX = 4_194_304
+#: A difference this large between the wall clock's and the monotonic clock's advance over one
+#: tick is a wall-clock step (NTP stepping, a VM resuming), not scheduling jitter.
+CLOCK_STEP_SECONDS = 2.0
+#: GPM PCIe cross-check (``NvmlSource._crosscheck``): GPM below this share of the throughput
+#: call while the call reads above ``CROSSCHECK_MIN_BPS``, ``CROSSCHECK_STRIKES`` checks in a
+#: row, is a collector fault. The call is polled for GPM GPUs every ``CROSSCHECK_POLL_SECONDS``.
+CROSSCHECK_RATIO = 0.25
+CROSSCHECK_MIN_BPS = 5e9
+CROSSCHECK_STRIKES = 3
+CROSSCHECK_POLL_SECONDS = 10.0
+CROSSCHECK_HISTORY = 64
 #: A ``nvmlDeviceGetPcieThroughput`` reading older than this is not used for a tick.
 PCIE_THROUGHPUT_MAX_AGE_S = 15.0
 
 # Field-level answers that mean "this device will never answer this": cache them.
 _PERMANENT = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+_PERMANENT_REASONS = frozenset(ERROR_NAMES[c] for c in _PERMANENT)
 # Lifecycle errors of the library (whole host) rather than of one device.
 _LIBRARY_DOWN = frozenset({NVML_ERROR_UNINITIALIZED, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH})
 # At start, these mean "no NVIDIA stack on this host": the agent exits 69 instead of waiting.
@@ -236,6 +249,9 @@ class NvmlSource:
         use_gpm: set False to force the pre-Hopper path (utilization as activity proxy, PCIe
             from the polled throughput call).
         max_backoff_ticks: longest wait, in ticks, between retries of a down device or library.
+        reprobe_every: ask again, every this many ticks, the calls a device answered "not
+            supported" or "function not found" (a driver upgrade or a MIG change can make them
+            answer); the cache is also cleared at every re-initialisation and recovery.
     """
 
     name = "nvml"
@@ -247,6 +263,7 @@ class NvmlSource:
         slow_every: int = 10,
         use_gpm: bool = True,
         max_backoff_ticks: int = 32,
+        reprobe_every: int = 600,
     ) -> None:
         self.backend: NvmlBackend = backend if backend is not None else LiveBackend()
         self.slow_every = max(1, slow_every)
@@ -265,11 +282,32 @@ class NvmlSource:
         self._down: dict[int, tuple[str, int, int]] = {}
         # library down: (reason, failures, next tick to retry) or None
         self._lib_down: tuple[str, int, int] | None = None
-        self._replay_prev: dict[str, tuple[float, int]] = {}
+        self._replay_prev: dict[str, tuple[float, int] | None] = {}
         self._xid_counts: dict[str, Counter[int]] = {}
         self._xid_last: dict[str, dict[int, float]] = {}
         self._xid_warned = False
+        self._xid_seq: dict[str, int] = {}
+        self._last_ts: float | None = None
+        self._step_noted = False
+        self._behind = False
         self._started = False
+        self.reprobe_every = max(1, reprobe_every)
+        # Devices NVML counts but could not name (UUID unreadable): index → (reason, failures,
+        # next tick to retry); retried with the same back-off as a lost GPU.
+        self._unidentified: dict[int, tuple[str, int, int]] = {}
+        self._device_count: int | None = None
+        self._named_once = False
+        # Memory API per device, decided by the first read after each (re-)initialisation and
+        # kept until the next one, so that v1 (reserved memory included) and v2 never mix.
+        self._mem_api: dict[int, str] = {}
+        self._mem_api_of: dict[str, str] = {}  # UUID → API decided last (to tell a change)
+        self._events: list[HostEvent] = []
+        # GPM PCIe cross-check (``_crosscheck``), per GPU UUID
+        self._gpm_history: dict[str, deque[tuple[float, Any, Any]]] = {}
+        self._crosschecked: dict[str, float] = {}
+        self._pcie_strikes: dict[str, int] = {}
+        self._pcie_fault: dict[str, str] = {}
+        self._now = 0.0  # the current tick's time, for events
 
     def _backoff(self, failures: int) -> int:
         return min(2 ** max(failures - 1, 0), self.max_backoff_ticks)
@@ -302,22 +340,100 @@ class NvmlSource:
         self._started = True
         return self.gpus
 
-    def _init(self) -> None:
+    def _event(self, kind: str, subject: str, detail: str = "") -> None:
+        # Events noticed before the first tick (at start) take the first tick's time.
+        self._events.append(HostEvent(ts=self._now, kind=kind, subject=subject, detail=detail))
+
+    def _init(self, why: str = "") -> None:
+        """(Re-)initialise NVML and name every device (``why``: what made a re-initialisation). Answers cached as "not supported" and
+        the memory API in use are forgotten: a driver reload or upgrade may answer them now."""
         self.backend.init()
         count = int(self.backend.system("nvmlDeviceGetCount"))
         try:
             self.driver_version = str(self.backend.system("nvmlSystemGetDriverVersion"))
         except NvmlCallError:
             self.driver_version = None
+        self._unsupported.clear()
+        self._mem_api.clear()
+        self._device_count = count
+        before = {g.uuid: g for g in self.gpus}
+        first = not self._named_once  # the first set named is the baseline, not an arrival
         gpus = []
+        self._unidentified.clear()
         for index in range(count):
-            try:
-                gpus.append(self._identity(index))
+            gpu = self._identify(index, max(self._tick - 1, 0))
+            if gpu is not None:
+                gpus.append(gpu)
                 self._down.pop(index, None)
-            except DeviceDown as exc:
-                log.warning("GPU %d unavailable at start: %s", index, exc.error.reason)
-                self._down[index] = (exc.error.reason, 1, self._tick + 1)
         self.gpus = tuple(gpus)
+        self._named_once = True
+        if not first:
+            self._event("nvml_reinitialized", "host", f"{why}; {len(self.gpus)} GPU(s)")
+            self._compare_device_sets(before)
+
+    def _identify(self, index: int, tick: int = 0) -> GpuIdentity | None:
+        """Name one device; one that cannot be named is retried with back-off from ``tick``
+        (``None``)."""
+        try:
+            gpu = self._identity(index)
+        except DeviceDown as exc:
+            prev = self._unidentified.get(index)
+            failures = 1 if prev is None else prev[1] + 1
+            if prev is None:
+                log.warning("GPU %d cannot be identified: %s; retrying with back-off", index, exc.error.reason)
+                self._event("gpu_unidentified", f"index:{index}", exc.error.reason)
+            self.backend.forget_device(index)
+            self._unidentified[index] = (exc.error.reason, failures, tick + self._backoff(failures))
+            return None
+        if self._unidentified.pop(index, None) is not None:
+            log.warning("GPU %d identified after retries: %s", index, gpu.uuid)
+        return gpu
+
+    def _compare_device_sets(self, before: dict[str, GpuIdentity]) -> None:
+        now = {g.uuid: g for g in self.gpus}
+        for uuid in sorted(now.keys() - before.keys(), key=lambda u: now[u].index):
+            log.warning("GPU %d (%s) appeared", now[uuid].index, uuid)
+            self._event("gpu_appeared", f"gpu:{uuid}", f"index {now[uuid].index}, bus {now[uuid].pci_bus_id}")
+        for uuid in sorted(before.keys() - now.keys(), key=lambda u: before[u].index):
+            log.warning("GPU %d (%s) is gone", before[uuid].index, uuid)
+            self._event("gpu_disappeared", f"gpu:{uuid}", f"was index {before[uuid].index}, bus {before[uuid].pci_bus_id}")
+
+    def _retry_unidentified(self, tick: int) -> None:
+        """Devices that could not be named (at start, or after a re-initialisation) are retried
+        with back-off; one named at last joins the sampled GPUs as an appeared GPU."""
+        for index, (_, _, due) in sorted(self._unidentified.items()):
+            if tick >= due:
+                gpu = self._identify(index, tick)
+                if gpu is not None:
+                    before = {g.uuid: g for g in self.gpus}
+                    self.gpus = tuple(sorted((*self.gpus, gpu), key=lambda g: g.index))
+                    self._compare_device_sets(before)
+
+    def _check_device_count(self, tick: int) -> None:
+        """Slow period: re-read the device count; a changed count re-initialises NVML (its device
+        list is fixed at nvmlInit), which names the new set and stores what appeared or went."""
+        try:
+            count = int(self.backend.system("nvmlDeviceGetCount"))
+        except (NvmlCallError, TypeError, ValueError):
+            return  # not answered (or not in a capture): the next slow tick asks again
+        if self._device_count is not None and count != self._device_count:
+            log.warning("NVML now counts %d GPU(s), was %d: re-initialising", count, self._device_count)
+            self._reinitialise(tick, f"device count {self._device_count} → {count}")
+
+    def _reinitialise(self, tick: int, why: str) -> None:
+        self.backend.shutdown()
+        try:
+            self._init(why)
+        except NvmlCallError as exc:
+            self._library_failed(tick, exc)
+
+    def _reprobe(self) -> None:
+        """Forget the cached "not supported" answers so they are asked again."""
+        for index, cached in self._unsupported.items():
+            if cached:
+                calls = ", ".join(sorted({key[0] for key in cached}))
+                log.info("GPU %d: re-probing %d call(s) cached as not supported: %s", index, len(cached), calls)
+                cached.clear()
 
     def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader:
         return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.door, gpu)
@@ -376,14 +492,21 @@ class NvmlSource:
             EndOfCapture: a replay has no more ticks.
         """
         t0 = time.perf_counter()
-        ts = self.backend.begin_tick(time.time() if ts is None else ts)
+        ts = self._stamp(self.backend.begin_tick(time.time() if ts is None else ts))
+        self._now = ts
         tick = self._tick
         self._tick += 1
         if self._lib_down is not None and not self._retry_library(tick):
             reason = f"NVML down: {self._lib_down[0]}" if self._lib_down else "NVML down"
             samples = tuple(self._down_sample(g, ts, reason) for g in self.gpus)
-            return NvmlReading(ts, samples, (), self.status(time.perf_counter() - t0))
+            return NvmlReading(ts, samples, (), self.status(time.perf_counter() - t0), self._take_events())
         slow = tick % self.slow_every == 0
+        if tick and tick % self.reprobe_every == 0:
+            self._reprobe()
+        if self._unidentified:
+            self._retry_unidentified(tick)
+        if slow and tick:
+            self._check_device_count(tick)
         samples = []
         for gpu in self.gpus:
             if self._lib_down is not None:  # the library went down earlier in this tick
@@ -394,9 +517,13 @@ class NvmlSource:
                 samples.append(self._down_sample(gpu, ts, f"device down: {down[0]}; retry in {down[2] - tick} ticks"))
                 continue
             try:
+                if down is not None:  # a retry after a reset: what it supports may differ
+                    self._unsupported.pop(gpu.index, None)
+                    self._mem_api.pop(gpu.index, None)
                 samples.append(self._sample_device(gpu, ts, slow))
                 if down is not None:
                     log.warning("GPU %d (%s) is back after %d failed tries", gpu.index, gpu.uuid, down[1])
+                    self._event("gpu_recovered", f"gpu:{gpu.uuid}", f"after {down[1]} failed tries ({down[0]})")
                     del self._down[gpu.index]
             except DeviceDown as exc:
                 self.backend.forget_device(gpu.index)
@@ -407,6 +534,7 @@ class NvmlSource:
                 failures = 1 if down is None else down[1] + 1
                 if down is None:
                     log.warning("GPU %d (%s) down: %s", gpu.index, gpu.uuid, exc.error.reason)
+                    self._event("gpu_down", f"gpu:{gpu.uuid}", exc.error.reason)
                 self._down[gpu.index] = (exc.error.reason, failures, tick + self._backoff(failures))
                 samples.append(self._down_sample(gpu, ts, f"device down: {exc.error.reason}"))
         xids = self._poll_xids() if self._lib_down is None else ()
@@ -414,7 +542,42 @@ class NvmlSource:
             samples = [self._with_xids(s) for s in samples]
         if self._lib_down is None:
             self.last_success_ts = ts
-        return NvmlReading(ts, tuple(samples), xids, self.status(time.perf_counter() - t0))
+        return NvmlReading(ts, tuple(samples), xids, self.status(time.perf_counter() - t0), self._take_events())
+
+    def _stamp(self, ts: float) -> float:
+        """The tick's stored time: the wall clock (or the capture's), never at or before the
+        previous tick's millisecond. Ticks are keyed by (GPU, millisecond): a tick in the same
+        millisecond as the last one would be dropped as a duplicate, and after the wall clock
+        steps back the newest ticks must still be the newest in the store. A step back seen
+        here (a replayed capture; the live agent tells ``clock_stepped`` itself) is an event."""
+        last = self._last_ts
+        if last is not None and ts < last + 0.001:
+            if ts < last - CLOCK_STEP_SECONDS and not self._behind:
+                if not self._step_noted:
+                    self.clock_stepped(ts - last, at=last)
+                self._behind = True  # one event per step, however long it takes to catch up
+            ts = round(last + 0.001, 3)
+        else:
+            self._behind = False
+        self._step_noted = False
+        self._last_ts = ts
+        return ts
+
+    def clock_stepped(self, delta: float, at: float | None = None) -> None:
+        """The wall clock jumped by ``delta`` seconds (NTP, a VM resumed): store the event and
+        make the rates that span it unknown (``pcie_replay_rate_per_second``: reason
+        "wall-clock step"). Ticks stay in order (``_stamp``)."""
+        when = at if at is not None else (self._last_ts or 0.0)
+        direction = "forward" if delta > 0 else "back"
+        log.warning("wall clock stepped %s by %.3f s; rates across the step are unknown", direction, abs(delta))
+        self._events.append(HostEvent(ts=when, kind="clock_step", subject="host", detail=f"{delta:+.3f} s ({direction})"))
+        for uuid in list(self._replay_prev):
+            self._replay_prev[uuid] = None
+        self._step_noted = True
+
+    def _take_events(self) -> tuple[HostEvent, ...]:
+        events, self._events = self._events, []
+        return tuple(e if e.ts else replace(e, ts=self._now) for e in events)
 
     @staticmethod
     def _down_sample(gpu: GpuIdentity, ts: float, reason: str) -> GpuSample:
@@ -424,6 +587,7 @@ class NvmlSource:
         failures = 1 if self._lib_down is None else self._lib_down[1] + 1
         if self._lib_down is None:
             log.error("NVML down: %s; re-initialising with back-off", _describe(error))
+            self._event("nvml_down", "host", _describe(error))
         self._lib_down = (_describe(error), failures, tick + self._backoff(failures))
 
     def _retry_library(self, tick: int) -> bool:
@@ -434,7 +598,7 @@ class NvmlSource:
             return False
         self.backend.shutdown()
         try:
-            self._init()
+            self._init(f"after {failures} tries ({reason})")
         except NvmlCallError as exc:
             self._lib_down = (_describe(exc), failures + 1, tick + self._backoff(failures + 1))
             return False
@@ -457,7 +621,9 @@ class NvmlSource:
             if uuid is None:
                 continue
             xid = int(e["xid"])
-            events.append(XidEvent(ts=float(e["ts"]), uuid=uuid, xid=xid))
+            seq = self._xid_seq.get(uuid, 0)
+            self._xid_seq[uuid] = seq + 1
+            events.append(XidEvent(ts=float(e["ts"]), uuid=uuid, xid=xid, seq=seq))
             self._xid_counts.setdefault(uuid, Counter())[xid] += 1
             self._xid_last.setdefault(uuid, {})[xid] = float(e["ts"])
             log.warning("XID %d on GPU %s", xid, uuid)
@@ -473,20 +639,7 @@ class NvmlSource:
         r = self._reader(gpu.index, gpu)
         v: dict[str, Any] = {}
 
-        mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
-        if mem is not None:
-            total = r.get("memory_total_bytes", mem, "total")
-            r.put("memory_total_bytes", total, v)
-            limit = v.get("memory_total_bytes", r.memory_limit)
-            r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
-            r.put("memory_reserved_bytes", r.get("memory_reserved_bytes", mem, "reserved"), v, limit=limit)
-        else:  # drivers without memory v2: v1 "used" includes the driver-reserved memory
-            mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo")
-            if mem is not None:
-                r.put("memory_total_bytes", r.get("memory_total_bytes", mem, "total"), v)
-                limit = v.get("memory_total_bytes", r.memory_limit)
-                r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
-                r.missing["memory_reserved_bytes"] = "memory v2 not available"
+        self._memory(r, gpu, v)
 
         util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
         if util is not None:
@@ -498,6 +651,7 @@ class NvmlSource:
         if gpu.gpm_supported:
             v["activity_source"] = "gpm"
             self._gpm(r, gpu, v)
+            self._crosscheck(r, gpu, ts, v, slow)
         else:
             v["activity_source"] = "utilization"
             self._pcie_throughput(r, gpu, ts, v)
@@ -520,6 +674,44 @@ class NvmlSource:
         if slow:
             self._slow(r, gpu, ts, v)
         return GpuSample(ts=ts, uuid=gpu.uuid, index=gpu.index, missing=r.missing, **v)
+
+    def _memory(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
+        """Memory used/reserved/total through the API decided for this device since the last
+        (re-)initialisation: v2 (driver-reserved memory apart) where the driver has it, else v1
+        (whose ``used`` includes ~615 MiB reserved on the H200). A failed read is ``None`` for
+        the tick — never a v1 value in a v2 series (a +615 MiB step a trend would take for a
+        leak). A change of API across a re-initialisation is stored as an event."""
+        api = self._mem_api.get(gpu.index)
+        mem = None
+        if api != "v1":
+            mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo", version=NVML_MEMORY_V2)
+            if mem is not None and api is None:
+                api = self._decide_memory_api(gpu, "v2")
+            elif mem is None and api is None and r.missing.get("memory_used_bytes") in _PERMANENT_REASONS:
+                api = self._decide_memory_api(gpu, "v1")
+                r.missing.pop("memory_used_bytes", None)
+        if api == "v1":
+            mem = r.q("memory_used_bytes", "nvmlDeviceGetMemoryInfo")
+            r.missing["memory_reserved_bytes"] = "memory v2 not available"
+        if mem is None:
+            if "memory_used_bytes" in r.missing:
+                r.missing.setdefault("memory_total_bytes", r.missing["memory_used_bytes"])
+            return
+        r.put("memory_total_bytes", r.get("memory_total_bytes", mem, "total"), v)
+        limit = v.get("memory_total_bytes", r.memory_limit)
+        r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
+        if api == "v2":
+            r.put("memory_reserved_bytes", r.get("memory_reserved_bytes", mem, "reserved"), v, limit=limit)
+
+    def _decide_memory_api(self, gpu: GpuIdentity, api: str) -> str:
+        self._mem_api[gpu.index] = api
+        before = self._mem_api_of.get(gpu.uuid)
+        self._mem_api_of[gpu.uuid] = api
+        if before is not None and before != api:
+            log.warning("GPU %d (%s): memory API %s → %s (used memory %s driver-reserved memory from now on)",
+                        gpu.index, gpu.uuid, before, api, "includes" if api == "v1" else "excludes")
+            self._event("memory_api_changed", f"gpu:{gpu.uuid}", f"{before} → {api}")
+        return api
 
     def _processes(self, r: _Reader, v: dict[str, Any]) -> None:
         procs = r.q("processes", "nvmlDeviceGetComputeRunningProcesses")
@@ -570,9 +762,12 @@ class NvmlSource:
         r.put("pcie_replay_total", r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter"), v)
         replays = v.get("pcie_replay_total")
         if replays is not None:
+            stepped = gpu.uuid in self._replay_prev and self._replay_prev[gpu.uuid] is None
             prev = self._replay_prev.get(gpu.uuid)
             self._replay_prev[gpu.uuid] = (ts, replays)
-            if prev is not None and ts > prev[0]:
+            if stepped:
+                r.missing["pcie_replay_rate_per_second"] = "wall-clock step"
+            elif prev is not None and ts > prev[0]:
                 if replays >= prev[1]:
                     v["pcie_replay_rate_per_second"] = (replays - prev[1]) / (ts - prev[0])
                 else:  # driver reload or reset: the counter restarted; no negative rate
@@ -631,6 +826,63 @@ class NvmlSource:
                 r.put(field, value, v, _MIB, r.pcie_limit)
             else:  # percent
                 r.put(field, value, v, 0.01)
+
+    def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any], slow: bool) -> None:
+        """Keep GPM's PCIe figures honest: on slow ticks, compare them with the newest
+        ``nvmlDeviceGetPcieThroughput`` reading (taken on the backend's poller thread, never on
+        this one: the call blocks ~21 ms per direction; the byte counters 197/198 cannot serve,
+        they wrap within ~70 ms at full rate, FACTS §1). GPM below ``CROSSCHECK_RATIO`` of it
+        while it reads above ``CROSSCHECK_MIN_BPS``, ``CROSSCHECK_STRIKES`` checks in a row, is a
+        collector fault (a known exporter failure: a PCIe rate of 0 during a 56 GB/s copy), not
+        an idle link: stored as an event, and GPM's PCIe values are withheld until a check
+        agrees again."""
+        history = self._gpm_history.setdefault(gpu.uuid, deque(maxlen=CROSSCHECK_HISTORY))
+        history.append((ts, v.get("pcie_tx_bytes_per_second"), v.get("pcie_rx_bytes_per_second")))
+        if slow:
+            self._crosscheck_once(r, gpu, history)
+        fault = self._pcie_fault.get(gpu.uuid)
+        if fault is not None:
+            for f in ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"):
+                v.pop(f, None)
+                r.missing[f] = f"collector fault: {fault}"
+
+    def _crosscheck_once(self, r: _Reader, gpu: GpuIdentity, history: deque[tuple[float, Any, Any]]) -> None:
+        try:
+            latest = self.backend.pcie_throughput(gpu.index, period=CROSSCHECK_POLL_SECONDS)
+        except NvmlCallError as exc:
+            if exc.is_lifecycle:
+                raise DeviceDown(exc) from None
+            return  # not supported, or not in this capture: nothing to compare with
+        at = latest.get("ts") if isinstance(latest, dict) else None
+        if not isinstance(at, (int, float)) or at == self._crosschecked.get(gpu.uuid):
+            return  # no reading yet, or the one already compared
+        # the GPM tick whose interval holds the reading (GPM averages over the tick before it)
+        match = next((h for h in history if h[0] >= at), None)
+        if match is None:
+            return
+        self._crosschecked[gpu.uuid] = at
+        worst = None
+        for name, gpm_value, key in (("TX", match[1], "tx_KBps"), ("RX", match[2], "rx_KBps")):
+            other = latest.get(key)
+            if not isinstance(other, (int, float)) or gpm_value is None:
+                continue
+            other_bps = other * 1000.0  # NVML "KB" is 1000 bytes (FACTS §1)
+            if other_bps > CROSSCHECK_MIN_BPS and gpm_value < CROSSCHECK_RATIO * other_bps:
+                worst = f"GPM PCIe {name} {gpm_value / 1e9:.2f} GB/s while nvmlDeviceGetPcieThroughput reads {other_bps / 1e9:.2f} GB/s"
+        strikes = self._pcie_strikes.get(gpu.uuid, 0)
+        if worst is None:
+            self._pcie_strikes[gpu.uuid] = 0
+            if gpu.uuid in self._pcie_fault:
+                log.warning("GPU %d (%s): GPM PCIe agrees with the throughput call again", gpu.index, gpu.uuid)
+                self._event("collector_fault_cleared", f"gpu:{gpu.uuid}", self._pcie_fault.pop(gpu.uuid))
+            return
+        strikes += 1
+        self._pcie_strikes[gpu.uuid] = strikes
+        if strikes >= CROSSCHECK_STRIKES and gpu.uuid not in self._pcie_fault:
+            detail = f"{worst} ({strikes} checks in a row)"
+            log.error("GPU %d (%s): collector fault: %s; GPM PCIe figures withheld", gpu.index, gpu.uuid, detail)
+            self._pcie_fault[gpu.uuid] = detail
+            self._event("collector_fault", f"gpu:{gpu.uuid}", detail)
 
     def _pcie_throughput(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
         """Pre-Hopper PCIe bytes/s: the newest reading of the backend's throughput poller (a

@@ -160,12 +160,14 @@ class NvmlBackend(Protocol):
         queue without blocking. XIDs raised before registration are lost (NVML keeps none).
         """
 
-    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
         """Latest ``nvmlDeviceGetPcieThroughput`` reading of a device, polled on its own thread.
 
         The call blocks ~21 ms per direction (it samples a 20 ms window), so it never runs on the
         sampling thread. Returns ``{"tx_KBps": x, "rx_KBps": y, "ts": epoch_s}`` (KB = 1000 bytes),
         ``None`` before the first poll; raises ``NvmlCallError`` if the last poll failed.
+        ``period=seconds`` sets how often the device is polled (GPM GPUs are polled rarely,
+        only to cross-check GPM's PCIe figures); the backend's default otherwise.
         """
 
 
@@ -225,7 +227,9 @@ class LiveBackend:
         self._xid_thread: threading.Thread | None = None
         self._xid_error: NvmlCallError | None = None
         self._pcie_poll_seconds = pcie_poll_seconds
-        self._pcie_wanted: set[int] = set()
+        self._pcie_wanted: dict[int, float] = {}  # device index → poll period (s)
+        self._pcie_due: dict[int, float] = {}  # device index → monotonic time of its next poll
+        self._pcie_wake = threading.Event()
         self._pcie_latest: dict[int, Any] = {}
         self._pcie_thread: threading.Thread | None = None
 
@@ -250,6 +254,7 @@ class LiveBackend:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._pcie_wake.set()
         for thread in (self._xid_thread, self._pcie_thread):
             if thread is not None:
                 thread.join(timeout=3.0)
@@ -400,9 +405,12 @@ class LiveBackend:
 
     # PCIe throughput (pre-Hopper path) ----------------------------------------------------------
 
-    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
+    def pcie_throughput(self, index: int, period: float | None = None) -> dict[str, Any] | None:
         with self._lock:
-            self._pcie_wanted.add(index)
+            wanted = period or self._pcie_poll_seconds
+            if self._pcie_wanted.get(index) != wanted:
+                self._pcie_wanted[index] = wanted
+                self._pcie_wake.set()
             latest = self._pcie_latest.get(index)
         if self._pcie_thread is None:
             self._pcie_thread = threading.Thread(target=self._pcie_loop, name="vgpumon-pcie", daemon=True)
@@ -414,9 +422,13 @@ class LiveBackend:
     def _pcie_loop(self) -> None:
         nv = self._lib()
         while not self._stop.is_set():
+            now = time.monotonic()
             with self._lock:
-                wanted = sorted(self._pcie_wanted)
-            for index in wanted:
+                wanted = dict(self._pcie_wanted)
+            for index, period in sorted(wanted.items()):
+                if self._pcie_due.get(index, 0.0) > now:
+                    continue
+                self._pcie_due[index] = now + period
                 try:
                     handle = self._handle(index)
                     tx = self._wrap("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, 0)
@@ -426,7 +438,13 @@ class LiveBackend:
                     result = exc
                 with self._lock:
                     self._pcie_latest[index] = result
-            self._stop.wait(self._pcie_poll_seconds)
+            due = [self._pcie_due[i] for i in wanted if i in self._pcie_due]
+            self._pcie_wake.clear()
+            timeout = max(0.05, min(due) - time.monotonic()) if due else self._pcie_poll_seconds
+            if self._pcie_wake.wait(timeout):
+                continue
+            if self._stop.is_set():
+                break
 
 
 # --- capture file ---------------------------------------------------------------------------
@@ -547,8 +565,8 @@ class RecordingBackend:
     def xid_poll(self) -> list[dict[str, Any]]:
         return self._record("sys", "xid_poll", (), {}, self._inner.xid_poll)
 
-    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
-        return self._record(index, "pcie_throughput", (), {}, lambda: self._inner.pcie_throughput(index))
+    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+        return self._record(index, "pcie_throughput", (), kwargs, lambda: self._inner.pcie_throughput(index, **kwargs))
 
 
 def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -603,10 +621,14 @@ class ReplayBackend:
     arguments (in recorded order when made several times), else from the init block; a call
     the capture never saw raises ``NvmlCallError(NOT_IN_CAPTURE)``.
 
+    ``replays_time`` tells the agent that tick times come from the capture.
+
     Args:
         path: capture file written by ``RecordingBackend`` (``vgpumon record``).
         ticks: already-read ticks (with ``header``) instead of ``path``, for derived scenarios.
     """
+
+    replays_time = True
 
     def __init__(
         self,
@@ -678,5 +700,5 @@ class ReplayBackend:
     def xid_poll(self) -> list[dict[str, Any]]:
         return list(self._answer("sys", "xid_poll", (), {}) or [])
 
-    def pcie_throughput(self, index: int) -> dict[str, Any] | None:
-        return self._answer(index, "pcie_throughput", (), {})
+    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+        return self._answer(index, "pcie_throughput", (), kwargs)

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.model import GpuIdentity, GpuSample, PcieHop, PcieTopology
+from vgpumon.model import GpuIdentity, GpuSample, HostEvent, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
 from vgpumon.store.engine import make_engine
@@ -24,6 +24,7 @@ from vgpumon.store.schema import (
     GpuProcessSample,
     GpuSampleRow,
     Host,
+    HostEventRow,
     HostSample,
     PcieLink,
     Process,
@@ -36,7 +37,7 @@ _SAMPLES = GpuSampleRow.__table__
 _ROLLUPS = gpu_samples_1m
 #: Tables a tick writes besides ``gpu_samples``, in foreign-key order; ``TickRows`` maps each
 #: name to its rows (dicts in base units; the column types encode them).
-EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values")
+EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values", "host_events")
 TickRows = dict[str, list[dict[str, Any]]]
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
 _TABLES = {
@@ -44,6 +45,7 @@ _TABLES = {
     "xid_events": XidEvent.__table__,
     "gpu_process_samples": GpuProcessSample.__table__,
     "rejected_values": RejectedValue.__table__,
+    "host_events": HostEventRow.__table__,
 }
 
 
@@ -251,7 +253,7 @@ class Store:
 
     def write_extra_rows(self, ticks: Sequence[TickRows]) -> None:
         """Write the non-GPU rows of whole ticks (``EXTRA_TABLES``: host samples, XID events, GPU
-        process samples, rejected values) in one transaction; rows already stored are skipped.
+        process samples, rejected values, host events) in one transaction; rows already stored are skipped.
 
         ``gpu_process_samples`` rows also carry the process identity (``host_id`` and
         ``_PROCESS_KEYS``): the ``processes`` row is created on first sight and referenced by id.
@@ -497,6 +499,25 @@ class Store:
             d = dict(r)
             out[d.pop("gpu_id")] = d
         return out
+
+    def events(self, hostname: str, start: float, end: float, kinds: Sequence[str] | None = None) -> list[HostEvent]:
+        """Host events of one host over ``start <= ts <= end``, oldest first (``kinds``: only
+        these)."""
+        t = HostEventRow.__table__
+        c = t.c
+        query = (
+            select(c.ts, c.kind, c.subject, c.detail)
+            .join(Host.__table__, Host.id == c.host_id)
+            .where(and_(Host.hostname == hostname, c.ts >= start, c.ts <= end))
+            .order_by(c.ts, c.id)
+        )
+        if kinds:
+            query = query.where(c.kind.in_(list(kinds)))
+        try:
+            with self.engine.connect() as conn:
+                return [HostEvent(ts=r[0], kind=r[1], subject=r[2], detail=r[3]) for r in conn.execute(query)]
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
 
     def rejections(self, hostname: str, start: float, end: float) -> dict[str, dict[str, tuple[int, str]]]:
         """Values rejected at the door over ``start <= ts <= end`` for one host.

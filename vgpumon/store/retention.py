@@ -193,6 +193,11 @@ class Retention:
         targets = [("gpu_samples", self._raw_safe_until(conn, raw_cutoff))]
         targets += [(t, raw_cutoff) for t in TIME_TABLES if t not in {"gpu_samples", "gpu_samples_1m"}]
         targets.append(("gpu_samples_1m", now - self.rollup_retention_ms))
+        # Host events explain steps and gaps in long trends: they live as long as the rollups.
+        res.rows_deleted += max(
+            conn.execute(text("DELETE FROM host_events WHERE ts < :u"), {"u": now - self.rollup_retention_ms}).rowcount, 0
+        )
+        conn.commit()
         for table, until in targets:
             if conn.dialect.name == "postgresql":
                 dropped = partitions.drop_before(conn, table, until, limit=2)

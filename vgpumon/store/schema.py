@@ -231,12 +231,14 @@ class XidEvent(Base):
     """One XID event (``nvmlEventSetWait``): every event is kept, never only the last one."""
 
     __tablename__ = "xid_events"
-    __table_args__ = (UniqueConstraint("gpu_id", "ts", "xid"),)
+    __table_args__ = (UniqueConstraint("gpu_id", "ts", "xid", "seq"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), index=True)
     ts: Mapped[float] = mapped_column(EpochMillis)
     xid: Mapped[int] = mapped_column(Integer)
+    #: the event's number among its GPU's events since the agent started (``XidEvent.seq``)
+    seq: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class RejectedValue(Base):
@@ -253,6 +255,23 @@ class RejectedValue(Base):
     subject: Mapped[str] = mapped_column(String(160), primary_key=True)
     field: Mapped[str] = mapped_column(String(64), primary_key=True)
     reason: Mapped[str] = mapped_column(String(255))
+
+
+class HostEventRow(Base):
+    """Something that happened to a host or one of its GPUs (``vgpumon.model.HostEvent``): a GPU
+    appearing, going or coming back, NVML re-initialised, the memory API changing, the wall clock
+    stepping. Rare, kept with the rollup window: they explain steps and gaps in long trends.
+    Written twice (a replayed spool), stored once."""
+
+    __tablename__ = "host_events"
+    __table_args__ = (UniqueConstraint("host_id", "ts", "kind", "subject"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    ts: Mapped[float] = mapped_column(EpochMillis)
+    kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(160))
+    detail: Mapped[str] = mapped_column(String(255))
 
 
 class PcieLink(Base):
