@@ -100,6 +100,8 @@ class Backlog:
             return  # created on first use: an agent whose store never fails leaves no directory
         try:
             names = sorted(p for p in self.spool_dir.iterdir() if p.suffix == ".json")
+            for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash: never a batch
+                stale.unlink(missing_ok=True)
         except OSError as exc:
             log.error("spool %s unusable (%s): the backlog stays in memory", self.spool_dir, exc)
             self.spool_failed = True
@@ -128,11 +130,17 @@ class Backlog:
         data = json.dumps({"v": SPOOL_FORMAT, "kind": kind, "columns": columns, "rows": rows}, separators=(",", ":"))
         path = self.spool_dir / name
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # a spooled batch must survive a power loss as well as a crash
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # a spooled batch must survive a power loss as well as a crash
+            os.replace(tmp, path)
+        except BaseException:
+            # a full disk fails the write or the fsync half-way: the partial file is no batch, and
+            # leaving it would hold the very space the next attempt needs
+            tmp.unlink(missing_ok=True)
+            raise
         return Entry(kind, rows, path, len(data))
 
     def _spool_append(self, kind: str, rows: list[tuple[Any, ...]]) -> bool:
