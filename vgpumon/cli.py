@@ -205,6 +205,11 @@ def agent(
             f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)",  # type: ignore[attr-defined]
             err=True,
         )
+    if stats.dead_letters:  # type: ignore[attr-defined]
+        typer.echo(
+            f"vgpumon agent: {stats.dead_letters} rows the store refused were set aside in {backlog.dead_letter_path}",  # type: ignore[attr-defined]
+            err=True,
+        )
     if stats.rows_spooled:  # type: ignore[attr-defined]
         typer.echo(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run", err=True)  # type: ignore[attr-defined]
     if stats.rows_pending:  # type: ignore[attr-defined]
