@@ -117,6 +117,7 @@ class _Server:
     gpus_seen: set[str] = field(default_factory=set)
     prewarm_activity: tuple[float, str] | None = None
     last: ServerSample | None = None
+    process: VllmProcess | None = None  # as last discovered (None for static targets)
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -202,18 +203,23 @@ class VllmSource:
         now = self.clock()
         try:
             found: Sequence[VllmProcess] = await self._offload(self.processes.scan)
+            live = {(p.host, p.port): p for p in found}
         except Exception as exc:  # noqa: BLE001 - a broken process table must not stop scraping
             log.warning("vLLM discovery failed: %s", exc)
-            found = []
-        live = {(p.host, p.port): p for p in found}
+            # nothing is known of the discovered servers this poll: keep them as they were
+            live = {k: s.process for k, s in self._servers.items() if s.process is not None}
         out: list[ServerSample] = []
         for key, srv in list(self._servers.items()):
             if srv.identity.origin != "discovered":
                 continue
             p = live.get(key)
             if p is None or (p.pid, p.create_time) != (srv.identity.pid, srv.identity.process_start):
-                out.append(self._ended(srv, now))
                 del self._servers[key]
+                try:
+                    out.append(self._ended(srv, now))
+                except Exception as exc:  # noqa: BLE001 - one server's failure costs only its own sample
+                    log.exception("vLLM server %s: final sample failed", srv.identity.url)
+                    out.extend(self._failed(srv, now, exc))
         for key, p in live.items():
             srv = self._servers.get(key)
             if srv is None:
@@ -225,6 +231,7 @@ class VllmSource:
                 self._servers[key] = srv
                 log.info("vLLM server found: pid %d on %s", p.pid, ident.url)
             srv.pids = p.pids
+            srv.process = p
         for url in self.static_urls:
             key = _key_of_url(url)
             if key not in self._servers:
@@ -236,12 +243,25 @@ class VllmSource:
         samples = await asyncio.gather(*(self._poll_one(s, now) for s in servers), return_exceptions=True)
         for srv, smp in zip(servers, samples):
             if isinstance(smp, BaseException):
-                if isinstance(smp, asyncio.CancelledError):
+                if isinstance(smp, asyncio.CancelledError) or not isinstance(smp, Exception):
                     raise smp
-                log.exception("vLLM poll of %s failed", srv.identity.url, exc_info=smp)
+                log.error("vLLM poll of %s failed", srv.identity.url, exc_info=smp)
+                out.extend(self._failed(srv, now, smp))
                 continue
             out.append(smp)
         return out
+
+    def _failed(self, srv: _Server, now: float, exc: Exception) -> list[ServerSample]:
+        """The sample of a poll that raised: the server's state as it stood, the error as the
+        reason, nothing measured. One server's failure thus costs only its own poll, and the
+        store still shows that the poll happened and why it has no figures."""
+        try:
+            smp = replace(self._sample(srv, now), reason=f"poll failed: {type(exc).__name__}: {exc}"[:200])
+        except Exception:  # noqa: BLE001 - not even that: the gap is logged above
+            log.exception("vLLM server %s: no sample for this poll", srv.identity.url)
+            return []
+        srv.last = smp
+        return [smp]
 
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
         """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set."""
