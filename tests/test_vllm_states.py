@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -327,5 +328,44 @@ def test_gpu_mapping_and_prewarm_gpu_activity_from_nvml_snapshots():
         assert ready.state is S.READY and ready.gpu_uuids == ("GPU-1",)
         assert ready.prewarm_gpu_active_ratio == pytest.approx(0.4)
         assert ready.prewarm_gpu_activity_source == "gpm"
+
+    run(t)
+
+
+@pytest.mark.parametrize("capture,before", [("vllm-0.32.0-cpu__idle.txt", S.IDLE), ("vllm-0.32.0-cpu__busy.txt", S.BUSY)])
+def test_engine_killed_while_the_api_process_lives_is_dead_within_two_polls(capture, before):
+    """The engine core (and its worker) is killed; the API process lives on and, as in 0.2.x and
+    V1 0.8.x, /health keeps answering 200 with the last gauges. Idle, nothing else would ever
+    tell (it stayed idle for good); with work queued it read as hung. Either way: dead, "engine
+    lost", within two polls, from the server's process tree."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _capture(capture)
+        await rig.server.start(rig.port)
+        api, core, worker = rig.proc.pid, rig.proc.pid + 1, rig.proc.pid + 2
+        whole = replace(rig.proc, pids=(api, core, worker), engine_pids=(core, worker))
+        rig.table.processes[:] = [whole]
+        assert [(await rig.one()).state for _ in range(2)] == [S.READY, before]
+        rig.table.processes[:] = [replace(whole, pids=(api,), engine_pids=())]
+        after = [await rig.one() for _ in range(2)]
+        dead = next(s for s in after if s.state is S.DEAD)
+        assert dead.reason == f"engine lost (pid {core}, {worker} gone)"
+        assert after[-1].state is S.DEAD and not after[-1].ended  # the API process is still there
+
+    run(t)
+
+
+def test_engine_processes_come_and_go_before_ready_without_a_death():
+    """Before the first /health 200 the tree changes as the server starts (a compile helper, the
+    engine appearing): that is not a loss."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
+        api = rig.proc.pid
+        rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 5), engine_pids=(api + 5,))]
+        assert (await rig.one()).state is S.STARTING  # refused: not listening yet
+        rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 1), engine_pids=(api + 1,))]
+        await rig.server.start(rig.port)
+        assert [(await rig.one()).state for _ in range(3)] == [S.READY, S.IDLE, S.IDLE]
 
     run(t)

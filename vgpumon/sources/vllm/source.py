@@ -118,6 +118,7 @@ class _Server:
     prewarm_activity: tuple[float, str] | None = None
     last: ServerSample | None = None
     process: VllmProcess | None = None  # as last discovered (None for static targets)
+    engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -395,6 +396,7 @@ class VllmSource:
                 ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
                 metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
                 tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
+                engine_lost=self._engine_lost(srv, health.status == 200),
             )
         )
         if reading is not None:
@@ -464,6 +466,22 @@ class VllmSource:
         )
         srv.last = smp
         return smp
+
+    @staticmethod
+    def _engine_lost(srv: _Server, healthy: bool) -> str | None:
+        """Why the server's engine counts as lost: an engine process seen in its tree since
+        ``/health`` first answered 200 is gone (or a zombie) while the API process lives. The
+        process table is read at every poll, so the loss shows at the first poll after it."""
+        p = srv.process
+        if p is None:
+            return None
+        now = set(p.engine_pids)
+        gone = [pid for pid in srv.engines_seen if pid not in now]
+        if healthy or srv.engines_seen:
+            srv.engines_seen.update(dict.fromkeys(p.engine_pids))
+        if gone:
+            return f"engine lost (pid {', '.join(map(str, gone))} gone)"
+        return None
 
     def _sample(self, srv: _Server, now: float, *, ended: bool = False, **values: Any) -> ServerSample:
         lc = srv.lifecycle
