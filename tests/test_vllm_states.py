@@ -265,8 +265,8 @@ def test_stats_endpoint_fills_what_metrics_lack():
     "break_it,reason",
     [
         (lambda s: setattr(s, "metrics", bytes(range(256)) * 64), "/metrics: unparseable"),
-        (lambda s: setattr(s, "metrics", b"x" * (20 << 20)), "/metrics: too_large"),
-        (lambda s: (setattr(s, "metrics", b"# " + b"y" * (20 << 20)), setattr(s, "metrics_chunked", True)), "/metrics: too_large"),
+        (lambda s: setattr(s, "metrics", b"x" * (20 << 20)), "/metrics: too large"),
+        (lambda s: (setattr(s, "metrics", b"# " + b"y" * (20 << 20)), setattr(s, "metrics_chunked", True)), "/metrics: too large"),
         (lambda s: setattr(s, "metrics_status", 500), "/metrics: HTTP 500"),
         (lambda s: s.hang.add("/metrics"), "/metrics: timeout"),
     ],
@@ -369,3 +369,56 @@ def test_engine_processes_come_and_go_before_ready_without_a_death():
         assert [(await rig.one()).state for _ in range(3)] == [S.READY, S.IDLE, S.IDLE]
 
     run(t)
+
+
+def _broken_lines(body: str) -> bytes:
+    """The real idle scrape with two of its lines broken as they break in the wild: one with a
+    byte that is not UTF-8, one the parser refuses (its label set is not closed)."""
+    out = []
+    for ln in body.splitlines():
+        if ln.startswith("vllm:num_preemptions_total{"):
+            out.append(ln.encode().replace(b"engine", b"eng\xffine"))
+        elif ln.startswith("vllm:prompt_tokens_total{"):
+            out.append(ln.replace("}", "", 1).encode())
+        else:
+            out.append(ln.encode())
+    return b"\n".join(out) + b"\n"
+
+
+def test_unreadable_lines_are_counted_and_make_telemetry_partial_not_down():
+    """Both broken lines are dropped and counted; every other line is read: the server is idle
+    with its KV figures, its telemetry partial (it used to be down: one bad line cost the whole
+    scrape)."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _broken_lines(_capture("vllm-0.32.0-cpu__idle.txt"))
+        await rig.server.start(rig.port)
+        first, second = await rig.one(), await rig.one()
+        assert (first.state, second.state) == (S.READY, S.IDLE)
+        assert (second.telemetry, second.metric_lines_dropped) == ("partial", 2)
+        assert (second.running, second.waiting, second.kv_num_gpu_blocks) == (0, 0, 16384)
+        rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
+        whole = await rig.one()
+        assert (whole.telemetry, whole.metric_lines_dropped) == ("full", 0)
+
+    run(t)
+
+
+def test_reading_a_body_just_under_the_limit_costs_a_few_times_the_body():
+    """A 2 MB scrape (the real busy one with 60 LoRA adapters' series) is read with at most twice
+    its size in Python allocations on top of it; reading the whole text first cost 14 times."""
+    import tracemalloc
+
+    from vgpumon.sources.vllm.metrics import parse_metrics
+    from vgpumon.testing.vllm import with_adapters
+
+    body = with_adapters(_capture("vllm-0.32.0-cpu__busy.txt"), 2_000_000)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        reading = parse_metrics(body)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert len(reading.model_names) > 50
+    assert peak < 2 * len(body), f"{peak / len(body):.1f}x the body"

@@ -89,7 +89,7 @@ class GpuActivityLog:
 @dataclass
 class _Reply:
     status: int | None = None
-    body: bytes | None = None
+    body: bytes | bytearray | None = None
     error: str | None = None
     content_type: str = ""
 
@@ -119,6 +119,7 @@ class _Server:
     last: ServerSample | None = None
     process: VllmProcess | None = None  # as last discovered (None for static targets)
     engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
+    partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -138,7 +139,7 @@ class VllmSource:
             so that tests drive time.
         interval: seconds between polls in ``run``.
         request_timeout: per-request timeout in seconds (connect + full body).
-        max_response_bytes: larger bodies are errors (``"too_large"``), read no further.
+        max_response_bytes: larger bodies are errors (``"too large"``), read no further.
         hang_after: scrapes with work queued and token counters flat before "hung".
         session: an aiohttp session to use (created on first poll otherwise, closed by
             ``close``).
@@ -295,7 +296,8 @@ class VllmSource:
                     body += chunk
                     if len(body) > self.max_response_bytes:
                         return _Reply(status=r.status, error=TOO_LARGE)
-                return _Reply(status=r.status, body=bytes(body), content_type=r.headers.get("Content-Type", ""))
+                # the bytearray itself: a bytes() copy would hold the body twice while it is read
+                return _Reply(status=r.status, body=body, content_type=r.headers.get("Content-Type", ""))
         except asyncio.TimeoutError:
             return _Reply(error=TIMEOUT)
         except aiohttp.ClientConnectorError as exc:
@@ -361,12 +363,17 @@ class VllmSource:
         elif metrics.status != 200:
             metrics_error = f"HTTP {metrics.status}"
         else:
-            text = (metrics.body or b"").decode("utf-8", errors="replace")
+            body = metrics.body or b""
             om = metrics.content_type.startswith("application/openmetrics-text")
             try:
-                reading = await self._offload(lambda: parse_metrics(text, openmetrics=om))
+                reading = await self._offload(lambda: parse_metrics(body, openmetrics=om))
             except MetricsParseError as exc:
                 metrics_error = str(exc)
+            del body
+            metrics.body = None  # what the reading keeps is all that stays of the body
+            if reading is not None and reading.lines_dropped and not srv.partial:
+                log.warning("vLLM server %s: %d /metrics lines unreadable; telemetry partial", base, reading.lines_dropped)
+            srv.partial = bool(reading and reading.lines_dropped)
         stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
         load_doc = replies["load"].json() if "load" in replies else None
         server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
@@ -433,7 +440,8 @@ class VllmSource:
             srv, now,
             health_status=health.status,
             metrics_error=metrics_error,
-            telemetry="down" if reading is None and not stats else ("full" if (reading and reading.has_vllm) or stats else "limited"),
+            telemetry=_telemetry(reading, stats),
+            metric_lines_dropped=reading.lines_dropped if reading is not None else None,
             running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
             prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
             kv_block_size=(cache.block_size if cache else None) or stats.get("block_size"),
@@ -502,6 +510,16 @@ class VllmSource:
             ended=ended,
             **values,
         )
+
+
+def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
+    """``"down"`` (no reading, no ``/stats``), ``"partial"`` (lines of ``/metrics`` dropped),
+    ``"full"`` (``vllm:`` metrics or ``/stats``), else ``"limited"``."""
+    if reading is None:
+        return "full" if stats else "down"
+    if reading.lines_dropped:
+        return "partial"
+    return "full" if reading.has_vllm or stats else "limited"
 
 
 def _url_host(host: str) -> str:

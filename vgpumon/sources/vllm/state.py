@@ -36,7 +36,7 @@ from vgpumon.model import ServerState
 REFUSED = "refused"  # nothing listens on the port (ECONNREFUSED)
 TIMEOUT = "timeout"  # no complete answer within the per-request timeout
 CONNECTION = "connection"  # reset / disconnected / other transport error
-TOO_LARGE = "too_large"  # the body exceeded the response-size limit
+TOO_LARGE = "too large"  # the body exceeded the response-size limit
 
 
 @dataclass(frozen=True, slots=True)
