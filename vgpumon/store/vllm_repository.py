@@ -9,12 +9,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import ServerSample, ServerState
+from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
 from vgpumon.store.repository import insert_ignoring_duplicates, store_unavailable
 from vgpumon.store.schema import Host
 from vgpumon.store.vllm_schema import (
     PREFIX_CACHE_UNIT_NAMES,
     PREFIX_CACHE_UNITS,
+    TELEMETRY_CODES,
+    TELEMETRY_NAMES,
     VllmEngineSampleRow,
     VllmGpuMapRow,
     VllmInstance,
@@ -28,8 +31,16 @@ _GPU_MAP = VllmGpuMapRow.__table__
 #: ``vllm_samples`` columns copied from ``ServerSample`` attributes of the same name.
 _VALUE_COLUMNS = tuple(
     c.name for c in _SAMPLES.columns
-    if c.name not in {"instance_id", "ts", "state", "telemetry_up", "prefix_cache_unit"}
+    if c.name not in {
+        "instance_id", "ts", "state", "telemetry_up", "prefix_cache_unit", "reason", "metrics_error", "telemetry",
+        "latency_unreliable", "latency_unreliable_reason",
+    }
 )
+
+
+def _text(value: str | None, limit: int = 255) -> str | None:
+    """A reason as its column holds it (``String(255)``): cut, never refused by the store."""
+    return None if value is None else value[:limit]
 
 
 def _identity_filter(host_id: int, ident: dict[str, Any]) -> Any:
@@ -113,10 +124,16 @@ class VllmRepository:
     def sample_row(instance_id: int | None, s: ServerSample) -> dict[str, Any]:
         """The ``vllm_samples`` row of one sample (base units; the column types encode)."""
         row = {name: getattr(s, name) for name in _VALUE_COLUMNS}
+        flagged = {h: why for h, why in s.latency_unreliable.items() if h in LATENCY_HISTOGRAMS}
         row.update(
             ts=s.ts, state=s.state.code,
             telemetry_up=None if s.telemetry is None else s.telemetry != "down",
+            telemetry=TELEMETRY_CODES.get(s.telemetry or ""),
             prefix_cache_unit=PREFIX_CACHE_UNITS.get(s.prefix_cache_unit or ""),
+            reason=_text(s.reason),
+            metrics_error=_text(s.metrics_error),
+            latency_unreliable=sum(LATENCY_HISTOGRAMS[h] for h in flagged),
+            latency_unreliable_reason=_text("; ".join(f"{h}: {why}" for h, why in sorted(flagged.items()))),
         )
         if instance_id is not None:
             row["instance_id"] = instance_id
@@ -253,7 +270,10 @@ class VllmRepository:
         return out
 
     def samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Sample rows of one start, oldest first (``state`` as ``ServerState``)."""
+        """Sample rows of one start, oldest first: ``state`` as ``ServerState``, ``telemetry``
+        as its name (``None`` for rows stored before revision 0007), ``latency_unreliable`` as
+        the set of histogram names whose quantiles were flagged (read latencies for alerting
+        through ``vgpumon.model.vllm.latency_for_alerts``)."""
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -266,6 +286,9 @@ class VllmRepository:
             d = dict(r)
             d["state"] = ServerState.from_code(d["state"])
             d["prefix_cache_unit"] = PREFIX_CACHE_UNIT_NAMES.get(d["prefix_cache_unit"])
+            d["telemetry"] = TELEMETRY_NAMES.get(d["telemetry"])
+            mask = d["latency_unreliable"] or 0
+            d["latency_unreliable"] = frozenset(h for h, bit in LATENCY_HISTOGRAMS.items() if mask & bit)
             out.append(d)
         return out
 

@@ -58,6 +58,13 @@ class VllmSampleRow(Base):
     """One server, one poll (wide row). Meanings: ``vgpumon.sources.vllm.ServerSample``.
 
     ``state`` is ``ServerState.code``; ``prefix_cache_unit`` 1 = tokens, 2 = blocks.
+
+    From revision 0007: ``reason`` (why the state, e.g. "engine lost (pid 812 gone)", "poll
+    failed: …"), ``metrics_error`` (why ``/metrics`` gave no reading: "too large", "HTTP 500",
+    …), ``telemetry`` (``TELEMETRY_CODES``: full, limited, partial, down), ``metric_lines_dropped``
+    (lines of ``/metrics`` that could not be read; NULL when no body was read) and
+    ``latency_unreliable`` (bit per histogram whose quantiles cannot be true,
+    ``vgpumon.model.vllm.LATENCY_HISTOGRAMS``; 0 when none) with its ``latency_unreliable_reason``.
     """
 
     __tablename__ = "vllm_samples"
@@ -102,6 +109,12 @@ class VllmSampleRow(Base):
     server_load: Mapped[float | None] = mapped_column(COUNT)
     rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cpu_seconds_per_second: Mapped[float | None] = mapped_column(CPU)
+    reason: Mapped[str | None] = mapped_column(String(255))
+    metrics_error: Mapped[str | None] = mapped_column(String(255))
+    telemetry: Mapped[int | None] = mapped_column(SmallInteger)
+    metric_lines_dropped: Mapped[int | None] = mapped_column(Integer)
+    latency_unreliable: Mapped[int | None] = mapped_column(SmallInteger)
+    latency_unreliable_reason: Mapped[str | None] = mapped_column(String(255))
 
 
 class VllmEngineSampleRow(Base):
@@ -133,3 +146,5 @@ class VllmGpuMapRow(Base):
 
 PREFIX_CACHE_UNITS = {"tokens": 1, "blocks": 2}
 PREFIX_CACHE_UNIT_NAMES = {v: k for k, v in PREFIX_CACHE_UNITS.items()}
+TELEMETRY_CODES = {"full": 1, "limited": 2, "partial": 3, "down": 4}
+TELEMETRY_NAMES = {v: k for k, v in TELEMETRY_CODES.items()}
