@@ -103,8 +103,11 @@ class Agent:
         interval: seconds between ticks (wall clock); ignored when ``paced`` is false.
         duration: stop after this many seconds of sample time (capture time in a replay);
             ``None`` runs until stopped.
-        paced: sleep between ticks (live sampling, or a replay at recorded pace); false replays a
-            capture as fast as possible.
+        paced: sleep ``interval`` between ticks (live sampling); false replays a capture as fast
+            as possible, or at its recorded pace with ``recorded_pace``.
+        recorded_pace: a replay at the capture's own pace: each tick is taken in when as much
+            wall time (``monotonic``) has passed since the first as capture time has, whatever
+            ``interval`` says (a capture recorded at 0.5 s, or with gaps, replays as recorded).
         flush_every: seconds of wall time between batched writes.
         monotonic: injected clock for pacing (``time.monotonic``).
         on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
@@ -135,6 +138,7 @@ class Agent:
         interval: float = 1.0,
         duration: float | None = None,
         paced: bool = True,
+        recorded_pace: bool = False,
         flush_every: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         on_tick: Callable[[Snapshot], None] | None = None,
@@ -154,6 +158,7 @@ class Agent:
         self.interval = interval
         self.duration = duration
         self.paced = paced
+        self.recorded_pace = recorded_pace
         self.flush_every = flush_every
         self.monotonic = monotonic
         self.on_tick = on_tick
@@ -452,6 +457,7 @@ class Agent:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             start = self.monotonic()
             first_ts: float | None = None
+            first_mono: float | None = None  # when the first tick was read (recorded pace)
             last_flush = start
             k = 0
             while not stop.is_set():
@@ -464,6 +470,14 @@ class Agent:
                     first_ts = ts
                 if self.duration is not None and ts - first_ts >= self.duration:
                     break
+                if self.recorded_pace:
+                    first_mono = self.monotonic() if first_mono is None else first_mono
+                    delay = first_mono + (ts - first_ts) - self.monotonic()
+                    if delay > 0:  # a tick read is a tick stored: a stop only ends the wait
+                        try:
+                            await asyncio.wait_for(stop.wait(), timeout=delay)
+                        except asyncio.TimeoutError:
+                            pass
                 if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                     self.stats.gpus = len(self.source.gpus)
                     await self._register()
@@ -487,7 +501,7 @@ class Agent:
                         last_flush = self.monotonic()
                 if self.on_tick is not None:
                     self.on_tick(snap)
-                if self.paced:
+                if self.paced and not self.recorded_pace:
                     k = await wait_for_slot(stop, start, k, self.interval, self.monotonic)
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay

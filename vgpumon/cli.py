@@ -119,7 +119,7 @@ def agent(
         Optional[Path],
         typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed).", exists=True, dir_okay=False),
     ] = None,
-    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
+    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
     hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
     slow_every: Annotated[
         Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
@@ -187,7 +187,8 @@ def agent(
         hostname=hostname or default_hostname(),
         interval=interval,
         duration=_parse_duration(duration) if duration else None,
-        paced=replay is None or pace is Pace.recorded,
+        paced=replay is None,
+        recorded_pace=replay is not None and pace is Pace.recorded,
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
