@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from conftest import count, replay_into
+
 # A spool write on a full disk, for real: the child process may write at most 4 KiB per file
 # (RLIMIT_FSIZE; SIGXFSZ ignored, so write() fails with EFBIG like it fails with ENOSPC on a full
 # disk), then appends a batch of 8 GPU rows × 20 ticks (about 40 kB of JSON) to a spool.
@@ -54,34 +56,15 @@ def test_a_tmp_file_left_by_a_crash_is_removed_at_start(tmp_path: Path) -> None:
 # -- a batch the store refuses for what it holds ---------------------------------------------------
 
 
-def _count(url: str, sql: str) -> int:
-    from sqlalchemy import text
-
-    from vgpumon.store.engine import make_engine
-
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        n = conn.scalar(text(sql))
-    engine.dispose()
-    return int(n)
-
-
 def test_a_row_the_store_refuses_is_set_aside_and_every_other_row_stored(db_url, tmp_path, caplog):
     """The store was replaced while the spool held rows of the old one: one spooled row names a
     GPU id the new store does not have (a foreign key the store refuses however long it waits).
     That row goes to the dead-letter file beside the spool and is counted; the other rows of its
     batch and every tick of the run are stored, and no outage is declared."""
-    import asyncio
     import json
     import logging
 
-    from conftest import H200_CAPTURE
-
-    from vgpumon.agent import Agent
     from vgpumon.model import GpuSample
-    from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import ReplayBackend
-    from vgpumon.store import open_store
     from vgpumon.store.codec import encode_gpu_sample
     from vgpumon.store.spool import RAW, Backlog
 
@@ -91,18 +74,13 @@ def test_a_row_the_store_refuses_is_set_aside_and_every_other_row_stored(db_url,
     gone = encode_gpu_sample(99, GpuSample(ts=t0 + 7.5, uuid="GPU-gone", index=1, power_watts=5.0))
     Backlog(spool).append(RAW, old[:7] + [gone] + old[7:])
 
-    store = open_store(db_url)
     backlog = Backlog(spool)
-    agent = Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", paced=False, backlog=backlog)
-    try:
-        with caplog.at_level(logging.WARNING):
-            stats = asyncio.run(agent.run())
-    finally:
-        store.close()
+    with caplog.at_level(logging.WARNING):
+        stats = replay_into(db_url, hostname="h", agent_kw={"backlog": backlog}).stats
 
     assert stats.dead_letters == 1 and stats.outages == 0 and stats.rows_spooled == 0
-    assert _count(db_url, "SELECT count(*) FROM gpu_samples") == stats.ticks + 20
-    assert _count(db_url, f"SELECT count(*) FROM gpu_samples WHERE ts < {int((t0 + 100) * 1000)}") == 20
+    assert count(db_url, "SELECT count(*) FROM gpu_samples") == stats.ticks + 20
+    assert count(db_url, f"SELECT count(*) FROM gpu_samples WHERE ts < {int((t0 + 100) * 1000)}") == 20
     letters = [json.loads(line) for line in backlog.dead_letter_path.read_text().splitlines()]
     assert len(letters) == 1
     (letter,) = letters

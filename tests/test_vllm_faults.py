@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, count, replay_into, run_locked_sqlite
 from vllm_support import ServerThread, shared_dir, source
 
 from vgpumon.agent import Agent
@@ -55,7 +55,7 @@ def _samples_by_url(url: str, hostname: str) -> dict[str, list[dict[str, Any]]]:
 # -- item 8: one server's failure costs only that server's poll ----------------------------------
 
 
-def test_a_value_the_store_cannot_hold_costs_only_that_servers_rows(db_url, store_of):
+def test_a_value_the_store_cannot_hold_costs_only_that_servers_rows(db_url):
     """One server reports 1e16 running requests (seen in the wild): a value the store's column
     cannot hold (1e19 in its fixed-point unit). The other server is stored at every poll, every
     GPU tick is stored, the source is never stopped, and each poll of the odd server is either
@@ -66,20 +66,12 @@ def test_a_value_the_store_cannot_hold_costs_only_that_servers_rows(db_url, stor
         healthy = servers.start(FakeVllmServer(metrics=idle, version="0.32.0"))
         odd = servers.start(FakeVllmServer(metrics=_with_value(idle, "vllm:num_requests_running", "1e16"), version="0.32.0"))
         vllm = VllmSource(static_urls=[healthy.url, odd.url], processes=NoProcesses(), interval=0.05, request_timeout=1.0)
-        store = open_store(db_url)
-        agent = Agent(
-            NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.02, paced=True, flush_every=0.2,
-            vllm=vllm,
-        )
-        try:
-            stats = asyncio.run(agent.run())
-        finally:
-            store.close()
+        stats = replay_into(
+            db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_every": 0.2, "vllm": vllm}
+        ).stats
     finally:
         servers.close()
-    s = store_of(db_url)
-    (gpu,) = s.gpus_of("h")
-    assert len(s.series(gpu.id, 0, 2e9, ("up",))) == stats.ticks
+    assert count(db_url, "SELECT count(*) FROM gpu_samples") == stats.ticks
     assert stats.vllm_restarts == 0 and stats.rows_pending == 0
     rows = _samples_by_url(db_url, "h")
     polls = stats.vllm_samples // 2
@@ -186,19 +178,12 @@ class _BrokenThenFineSource:
 
 def test_a_failing_source_is_restarted_with_back_off_and_counted(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    store = open_store(url)
     broken = _BrokenThenFineSource()
-    agent = Agent(
-        NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.02, paced=True, vllm=broken,
-        vllm_backoff=0.05,
-    )
-    try:
-        stats = asyncio.run(agent.run())
-    finally:
-        store.close()
+    stats = replay_into(
+        url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "vllm": broken, "vllm_backoff": 0.05}
+    ).stats
     assert (stats.vllm_restarts, broken.runs, broken.closed) == (2, 3, True)
-    with sqlite3.connect(tmp_path / "x.db") as conn:
-        assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == stats.ticks
+    assert count(url, "SELECT count(*) FROM gpu_samples") == stats.ticks
 
 
 # -- item 9: vLLM rows ride the backlog -------------------------------------------------------
@@ -220,41 +205,19 @@ def _run_locked(url: str, spool: Path, servers: list[FakeVllmServer], *, unlock_
                 stop_at_tick: int | None = None, on_tick=None, clock=None, **backlog_kw: Any) -> tuple[Agent, Backlog]:
     """Replay the H200 capture with a vLLM source while another connection holds SQLite's write
     lock from the first tick until ``unlock_at_tick`` (None: throughout)."""
-    db_file = url.removeprefix("sqlite:///")
-    store = open_store(url, busy_timeout_ms=20)
-    locker = sqlite3.connect(db_file, isolation_level=None)
-    stop = asyncio.Event()
-    state = {"n": 0, "locked": False}
-
-    def tick(snap: Any) -> None:
-        state["n"] += 1
-        if state["n"] == 1:
-            locker.execute("BEGIN IMMEDIATE")
-            state["locked"] = True
-        if state["locked"] and unlock_at_tick is not None and state["n"] >= unlock_at_tick:
-            locker.execute("COMMIT")
-            state["locked"] = False
-        if stop_at_tick is not None and state["n"] >= stop_at_tick:
-            stop.set()
-        if on_tick is not None:
-            on_tick(state["n"])
-
     backlog = Backlog(spool, **backlog_kw)
     vllm = VllmSource(
         static_urls=[s.url for s in servers], processes=NoProcesses(), interval=0.03, request_timeout=1.0,
         **({"clock": clock} if clock else {}),
     )
-    agent = Agent(
-        NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.03, paced=True, flush_every=0.1,
-        backlog=backlog, on_tick=tick, vllm=vllm,
+    agent = run_locked_sqlite(
+        url,
+        lambda store, tick: Agent(
+            NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.03, paced=True, flush_every=0.1,
+            backlog=backlog, on_tick=tick, vllm=vllm,
+        ),
+        unlock_at_tick=unlock_at_tick, stop_at_tick=stop_at_tick, on_tick=on_tick,
     )
-    try:
-        asyncio.run(agent.run(stop))
-    finally:
-        if state["locked"]:
-            locker.execute("COMMIT")
-        locker.close()
-        store.close()
     return agent, backlog
 
 

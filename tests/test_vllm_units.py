@@ -15,7 +15,13 @@ import psutil
 import pytest
 
 from vgpumon.sources.vllm.derive import IntervalDeriver, quantile
-from vgpumon.sources.vllm.discovery import DEFAULT_PORT, PsutilProcessTable, is_engine_process, is_vllm_server, port_and_host
+from vgpumon.sources.vllm.discovery import (
+    DEFAULT_PORT,
+    PsutilProcessTable,
+    is_engine_process,
+    is_vllm_server,
+    port_and_host,
+)
 from vgpumon.sources.vllm.metrics import parse_metrics
 
 
