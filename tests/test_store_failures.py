@@ -88,3 +88,37 @@ def test_a_row_the_store_refuses_is_set_aside_and_every_other_row_stored(db_url,
     assert "foreign key" in letter["error"].lower()
     assert backlog.dead_letter_path.parent == spool.parent  # beside the spool, not in it
     assert not any("unavailable" in r.getMessage() for r in caplog.records)
+
+
+def test_vllm_samples_in_a_full_spool_fold_in_order_and_keep_every_change_of_state(tmp_path: Path) -> None:
+    """A spool over its bound holding only vLLM samples (a poll every 2 s for 20 minutes, the
+    server going dead at minute 12): the oldest fold to the last sample per minute plus each
+    change of state, the files still replay oldest first, and the count says how many went."""
+    from vgpumon.model import InstanceIdentity, ServerSample, ServerState
+    from vgpumon.store.spool import VLLM, Backlog
+    from vgpumon.store.vllm_repository import VllmRepository
+
+    t0 = 1_800_000_000.0
+    ident = InstanceIdentity(host="127.0.0.1", port=8000, url="http://127.0.0.1:8000", origin="static", pid=None,
+                             process_start=None, first_seen=t0)
+
+    def state(i: int) -> ServerState:
+        return ServerState.IDLE if i < 360 else ServerState.DEAD
+
+    polls = [ServerSample(instance=ident, ts=t0 + 2 * i, state=state(i), reason=state(i).value) for i in range(600)]
+    backlog = Backlog(tmp_path / "spool", max_spool_bytes=200_000)
+    for k in range(0, 600, 15):  # a batch every 30 s
+        backlog.append(VLLM, [VllmRepository.encode_sample(1, s) for s in polls[k : k + 15]])
+    assert backlog.folded_vllm_rows > 0
+    assert backlog.spool_bytes <= 200_000 * 1.25
+    kept = []
+    reloaded = Backlog(tmp_path / "spool")  # what a restarted agent replays
+    while (entry := reloaded.peek()) is not None:
+        kept += entry.rows
+        reloaded.ack(entry)
+    assert len(kept) + backlog.folded_vllm_rows == 600
+    stamps = [r["sample"]["ts"] for r in kept]
+    assert stamps == sorted(stamps)
+    assert [r["sample"]["state"] for r in kept].count(ServerState.DEAD.code) >= 1
+    first_dead = next(r for r in kept if r["sample"]["state"] == ServerState.DEAD.code)
+    assert first_dead["sample"]["ts"] == t0 + 2 * 360  # the moment it died survives folding
