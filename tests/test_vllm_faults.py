@@ -186,6 +186,37 @@ def test_a_failing_source_is_restarted_with_back_off_and_counted(tmp_path):
     assert count(url, "SELECT count(*) FROM gpu_samples") == stats.ticks
 
 
+class _DeafSource(_BrokenThenFineSource):
+    """A vLLM source stuck in a poll that never returns and never looks at ``stop``."""
+
+    async def run(self, stop: asyncio.Event) -> AsyncIterator[list[Any]]:
+        self.runs += 1
+        await asyncio.Event().wait()
+        yield []
+
+
+def test_a_source_that_never_stops_does_not_keep_the_gpu_rows_from_the_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    deaf = _DeafSource()
+
+    async def go() -> Any:
+        return await asyncio.wait_for(
+            replay_into_async(url, {"interval": 0.01, "paced": True, "vllm": deaf, "vllm_stop_timeout": 0.2}), 30
+        )
+
+    stats = asyncio.run(go())
+    assert deaf.closed
+    assert count(url, "SELECT count(*) FROM gpu_samples") == stats.ticks == 76
+
+
+async def replay_into_async(url: str, agent_kw: dict[str, Any]) -> Any:
+    store = open_store(url)
+    try:
+        return await Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", **agent_kw).run()
+    finally:
+        store.close()
+
+
 # -- item 9: vLLM rows ride the backlog -------------------------------------------------------
 
 

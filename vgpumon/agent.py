@@ -121,7 +121,9 @@ class Agent:
             It sees every snapshot (GPU processes and activity); its samples join the GPU rows'
             batches (same store thread, same backlog). A slow or broken server never delays an
             NVML tick; a source that fails is restarted after ``vllm_backoff`` seconds, doubling
-            up to ``vllm_backoff_max`` while it keeps failing.
+            up to ``vllm_backoff_max`` while it keeps failing. At stop it gets
+            ``vllm_stop_timeout`` seconds to finish its poll, then it is cancelled: the GPU rows
+            are stored whatever it does.
         backlog: where batches wait while the store is away; default: memory only, 8 GPU-hours
             of rows (``vgpumon agent`` passes a spool).
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
@@ -151,6 +153,7 @@ class Agent:
         maintenance_every: float = 60.0,
         vllm_backoff: float = 1.0,
         vllm_backoff_max: float = 60.0,
+        vllm_stop_timeout: float = 10.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -169,6 +172,7 @@ class Agent:
         self.vllm = vllm
         self.vllm_backoff = vllm_backoff
         self.vllm_backoff_max = vllm_backoff_max
+        self.vllm_stop_timeout = vllm_stop_timeout
         self._vllm_repo: VllmRepository | None = None
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
@@ -436,6 +440,18 @@ class Agent:
             except Exception:  # noqa: BLE001 - closing must not cost the GPU rows their drain
                 log.exception("closing the vLLM source failed")
 
+    async def _stop_vllm(self, task: asyncio.Task[None]) -> None:
+        """Let the vLLM task end its poll (its requests have timeouts, a process-table read may
+        not), for at most ``vllm_stop_timeout`` seconds; then cancel it. Never raises: the GPU
+        rows are drained after this whatever the source did."""
+        done, _ = await asyncio.wait({task}, timeout=self.vllm_stop_timeout)
+        if not done:
+            log.error("vLLM source did not stop within %.0f s; cancelled", self.vllm_stop_timeout)
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        elif not task.cancelled() and task.exception() is not None:  # supervised already: a bug
+            log.error("vLLM source ended with an error", exc_info=task.exception())
+
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
 
@@ -508,10 +524,7 @@ class Agent:
         finally:
             vllm_stop.set()
             if vllm_task is not None:
-                try:
-                    await vllm_task
-                except Exception:  # noqa: BLE001 - supervised already; the GPU rows still drain
-                    log.exception("vLLM source ended with an error")
+                await self._stop_vllm(vllm_task)
             await self._drain()
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows
