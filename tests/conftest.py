@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from sqlalchemy import text
@@ -63,14 +64,64 @@ def read_all(backend, **kw: Any) -> tuple[NvmlSource, list]:
             return src, out
 
 
-def replay_into(url: str, backend: ReplayBackend | None = None, *, hostname: str = "h200-replay", **kw: Any) -> Agent:
-    """Replay a capture (the H200 one by default) through agent → store; returns the agent."""
+def replay_into(
+    url: str, backend: ReplayBackend | None = None, *, hostname: str = "h200-replay", agent_kw: dict[str, Any] | None = None,
+    **kw: Any,
+) -> Agent:
+    """Replay a capture (the H200 one by default) through agent → store; returns the agent.
+    ``agent_kw`` go to ``Agent`` (default: as fast as possible), ``kw`` to ``NvmlSource``."""
     source = NvmlSource(backend or ReplayBackend(H200_CAPTURE), **kw)
     store = open_store(url)
-    agent = Agent(source, store, hostname=hostname, paced=False)
+    agent = Agent(source, store, hostname=hostname, **{"paced": False, **(agent_kw or {})})
     try:
         asyncio.run(agent.run())
     finally:
+        store.close()
+    return agent
+
+
+def count(url: str, sql: str) -> int:
+    """One integer from the store at ``url`` (a ``SELECT count(*) …``)."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        n = conn.scalar(text(sql))
+    engine.dispose()
+    return int(n)
+
+
+def run_locked_sqlite(
+    url: str, make_agent: Callable[[Store, Callable[[Any], None]], Agent], *, unlock_at_tick: int | None = None,
+    stop_at_tick: int | None = None, on_tick: Callable[[int], None] | None = None,
+) -> Agent:
+    """Run the agent that ``make_agent(store, tick_callback)`` builds on the SQLite store ``url``
+    while another connection holds the write lock from the first tick until ``unlock_at_tick``
+    (None: for the whole run); stop after ``stop_at_tick`` ticks; ``on_tick(n)`` after tick n.
+    The store waits at most 20 ms for the lock, so every batch meets an outage."""
+    store = open_store(url, busy_timeout_ms=20)
+    locker = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    stop = asyncio.Event()
+    state = {"n": 0, "locked": False}
+
+    def tick(_snap: Any) -> None:
+        state["n"] += 1
+        if state["n"] == 1:  # the agent has registered its GPUs: now another writer takes the lock
+            locker.execute("BEGIN IMMEDIATE")
+            state["locked"] = True
+        if state["locked"] and unlock_at_tick is not None and state["n"] >= unlock_at_tick:
+            locker.execute("COMMIT")
+            state["locked"] = False
+        if stop_at_tick is not None and state["n"] >= stop_at_tick:
+            stop.set()
+        if on_tick is not None:
+            on_tick(state["n"])
+
+    agent = make_agent(store, tick)
+    try:
+        asyncio.run(agent.run(stop))
+    finally:
+        if state["locked"]:
+            locker.execute("COMMIT")
+        locker.close()
         store.close()
     return agent
 

@@ -66,7 +66,7 @@ def test_typed_records_carry_exactly_the_catalogue_fields():
     assert attrs(GpuIdentity) | {"uuid"} == {f.name for f in fields_of("gpus")}
     assert attrs(HostSample) == {f.name for f in fields_of("host_samples")}
     # a server sample has more (state reason, identity, the parsed scrape); the stored ones are fields
-    stored_elsewhere = {"telemetry_up": "telemetry"}
+    stored_elsewhere = {"telemetry_up": "telemetry", "latency_unreliable_reason": "latency_unreliable"}
     for f in fields_of("vllm_samples"):
         assert stored_elsewhere.get(f.name, f.name) in {a.name for a in fields(ServerSample)}, f.name
 

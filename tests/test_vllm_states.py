@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -264,8 +265,8 @@ def test_stats_endpoint_fills_what_metrics_lack():
     "break_it,reason",
     [
         (lambda s: setattr(s, "metrics", bytes(range(256)) * 64), "/metrics: unparseable"),
-        (lambda s: setattr(s, "metrics", b"x" * (20 << 20)), "/metrics: too_large"),
-        (lambda s: (setattr(s, "metrics", b"# " + b"y" * (20 << 20)), setattr(s, "metrics_chunked", True)), "/metrics: too_large"),
+        (lambda s: setattr(s, "metrics", b"x" * (20 << 20)), "/metrics: too large"),
+        (lambda s: (setattr(s, "metrics", b"# " + b"y" * (20 << 20)), setattr(s, "metrics_chunked", True)), "/metrics: too large"),
         (lambda s: setattr(s, "metrics_status", 500), "/metrics: HTTP 500"),
         (lambda s: s.hang.add("/metrics"), "/metrics: timeout"),
     ],
@@ -329,3 +330,95 @@ def test_gpu_mapping_and_prewarm_gpu_activity_from_nvml_snapshots():
         assert ready.prewarm_gpu_activity_source == "gpm"
 
     run(t)
+
+
+@pytest.mark.parametrize("capture,before", [("vllm-0.32.0-cpu__idle.txt", S.IDLE), ("vllm-0.32.0-cpu__busy.txt", S.BUSY)])
+def test_engine_killed_while_the_api_process_lives_is_dead_within_two_polls(capture, before):
+    """The engine core (and its worker) is killed; the API process lives on and, as in 0.2.x and
+    V1 0.8.x, /health keeps answering 200 with the last gauges. Idle, nothing else would ever
+    tell (it stayed idle for good); with work queued it read as hung. Either way: dead, "engine
+    lost", within two polls, from the server's process tree."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _capture(capture)
+        await rig.server.start(rig.port)
+        api, core, worker = rig.proc.pid, rig.proc.pid + 1, rig.proc.pid + 2
+        whole = replace(rig.proc, pids=(api, core, worker), engine_pids=(core, worker))
+        rig.table.processes[:] = [whole]
+        assert [(await rig.one()).state for _ in range(2)] == [S.READY, before]
+        rig.table.processes[:] = [replace(whole, pids=(api,), engine_pids=())]
+        after = [await rig.one() for _ in range(2)]
+        dead = next(s for s in after if s.state is S.DEAD)
+        assert dead.reason == f"engine lost (pid {core}, {worker} gone)"
+        assert after[-1].state is S.DEAD and not after[-1].ended  # the API process is still there
+
+    run(t)
+
+
+def test_engine_processes_come_and_go_before_ready_without_a_death():
+    """Before the first /health 200 the tree changes as the server starts (a compile helper, the
+    engine appearing): that is not a loss."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
+        api = rig.proc.pid
+        rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 5), engine_pids=(api + 5,))]
+        assert (await rig.one()).state is S.STARTING  # refused: not listening yet
+        rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 1), engine_pids=(api + 1,))]
+        await rig.server.start(rig.port)
+        assert [(await rig.one()).state for _ in range(3)] == [S.READY, S.IDLE, S.IDLE]
+
+    run(t)
+
+
+def _broken_lines(body: str) -> bytes:
+    """The real idle scrape with two of its lines broken as they break in the wild: one with a
+    byte that is not UTF-8, one the parser refuses (its label set is not closed)."""
+    out = []
+    for ln in body.splitlines():
+        if ln.startswith("vllm:num_preemptions_total{"):
+            out.append(ln.encode().replace(b"engine", b"eng\xffine"))
+        elif ln.startswith("vllm:prompt_tokens_total{"):
+            out.append(ln.replace("}", "", 1).encode())
+        else:
+            out.append(ln.encode())
+    return b"\n".join(out) + b"\n"
+
+
+def test_unreadable_lines_are_counted_and_make_telemetry_partial_not_down():
+    """Both broken lines are dropped and counted; every other line is read: the server is idle
+    with its KV figures, its telemetry partial (it used to be down: one bad line cost the whole
+    scrape)."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.metrics = _broken_lines(_capture("vllm-0.32.0-cpu__idle.txt"))
+        await rig.server.start(rig.port)
+        first, second = await rig.one(), await rig.one()
+        assert (first.state, second.state) == (S.READY, S.IDLE)
+        assert (second.telemetry, second.metric_lines_dropped) == ("partial", 2)
+        assert (second.running, second.waiting, second.kv_num_gpu_blocks) == (0, 0, 16384)
+        rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
+        whole = await rig.one()
+        assert (whole.telemetry, whole.metric_lines_dropped) == ("full", 0)
+
+    run(t)
+
+
+def test_reading_a_body_just_under_the_limit_costs_a_few_times_the_body():
+    """A 2 MB scrape (the real busy one with 60 LoRA adapters' series) is read with at most twice
+    its size in Python allocations on top of it; reading the whole text first cost 14 times."""
+    import tracemalloc
+
+    from vgpumon.sources.vllm.metrics import parse_metrics
+    from vgpumon.testing.vllm import with_adapters
+
+    body = with_adapters(_capture("vllm-0.32.0-cpu__busy.txt"), 2_000_000)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        reading = parse_metrics(body)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert len(reading.model_names) > 50
+    assert peak < 2 * len(body), f"{peak / len(body):.1f}x the body"

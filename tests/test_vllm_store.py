@@ -71,3 +71,74 @@ def test_a_start_is_stored_with_prewarm_mapping_samples_and_end(db_url):
         assert {(e["model_name"], e["engine"], e["running"]) for e in engines} == {("tiny", "0", 97)}
     finally:
         store.close()
+
+
+def _broken_timer(body: str, n: int) -> str:
+    """The scrape with its TTFT histogram as a build with broken timing shows it (vllm issue
+    8115): all ``n`` observations in the first bucket, a mean of 73 µs."""
+    out = []
+    for ln in body.splitlines():
+        if ln.startswith(("vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_count")):
+            ln = ln.rsplit(" ", 1)[0] + f" {float(n)}"
+        elif ln.startswith("vllm:time_to_first_token_seconds_sum"):
+            ln = ln.rsplit(" ", 1)[0] + f" {n * 7.285e-05}"
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+def test_what_a_sample_can_be_trusted_for_is_stored(db_url):
+    """Each poll stores why: quantiles a broken timer gives (flagged, with the reason, and no
+    latency for alerting), /metrics lines dropped (partial), a body over the limit ("too large"),
+    and an engine lost while /health still answers 200."""
+    from dataclasses import replace
+
+    from vgpumon.model.vllm import latency_for_alerts
+
+    idle = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__idle.txt").read_text()
+
+    async def go() -> list[ServerSample]:
+        clock = FakeClock()
+        port = free_port()
+        server = FakeVllmServer(port=port, metrics=idle, version="0.32.0", models=["tiny"])
+        proc = VllmProcess(pid=700, create_time=clock.now - 60, host="127.0.0.1", port=port, pids=(700, 701), engine_pids=(701,))
+        table = FakeProcessTable([proc])
+        src = source(clock, processes=table, max_response_bytes=1 << 20)
+        steps = [
+            lambda: None,
+            lambda: setattr(server, "metrics", _broken_timer(idle, 8060)),
+            lambda: setattr(server, "metrics", _broken_timer(idle, 2 * 8060)),
+            lambda: setattr(server, "metrics", idle.replace("vllm:num_preemptions_total{", "vllm:num_preemptions_total{\xff", 1).encode("latin-1")),
+            lambda: setattr(server, "metrics", b"# " + b"y" * (2 << 20)),
+            lambda: (setattr(server, "metrics", idle), table.processes.__setitem__(0, replace(proc, pids=(700,), engine_pids=()))),
+        ]
+        out: list[ServerSample] = []
+        await server.start()
+        try:
+            for step in steps:
+                step()
+                out += await src.poll()
+                clock.advance(2.0)
+        finally:
+            await src.close()
+            await server.stop()
+        return out
+
+    samples = asyncio.run(go())
+    store = open_store(db_url)
+    try:
+        repo = VllmRepository(store.engine)
+        repo.write("h", samples)
+        (inst,) = repo.instances("h")
+        rows = repo.samples(inst["id"])
+    finally:
+        store.close()
+    ok, _, flagged, partial, large, lost = rows
+    assert (ok["telemetry"], ok["metric_lines_dropped"], ok["latency_unreliable"], ok["reason"]) == ("full", 0, frozenset(), "first /health 200")
+    assert flagged["ttft_p50_seconds"] == pytest.approx(0.0005)  # interpolated in (0, 1 ms]: kept as read
+    assert flagged["latency_unreliable"] == {"ttft"}
+    assert flagged["latency_unreliable_reason"].startswith("ttft: p50 0.0005 s above what the mean 7.28e-05 s allows")
+    assert latency_for_alerts(flagged, "ttft", 50) is None and latency_for_alerts(ok, "ttft", 50) is None
+    assert (partial["telemetry"], partial["metric_lines_dropped"], partial["state"]) == ("partial", 1, ServerState.IDLE)
+    assert (large["telemetry"], large["metrics_error"], large["reason"]) == ("down", "too large", "/metrics: too large")
+    assert large["telemetry_up"] is False and large["running"] is None
+    assert (lost["state"], lost["reason"]) == (ServerState.DEAD, "engine lost (pid 701 gone)")

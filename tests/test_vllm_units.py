@@ -1,15 +1,27 @@
 """Small rules of the vLLM reader that a user would notice if they broke: which processes are
-vLLM servers and where they listen, and how interval latency quantiles come out of cumulative
+vLLM servers and engine processes and where they listen, and how interval latency quantiles come out of cumulative
 histogram buckets."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from vgpumon.sources.vllm.derive import IntervalDeriver, quantile
-from vgpumon.sources.vllm.discovery import DEFAULT_PORT, is_vllm_server, port_and_host
+from vgpumon.sources.vllm.discovery import (
+    DEFAULT_PORT,
+    PsutilProcessTable,
+    is_engine_process,
+    is_vllm_server,
+    port_and_host,
+)
 from vgpumon.sources.vllm.metrics import parse_metrics
 
 
@@ -64,3 +76,123 @@ def test_interval_quantiles_come_from_bucket_deltas():
 def test_quantile_beyond_the_last_finite_bucket_is_that_bound():
     assert quantile(0.99, [(0.1, 0.0), (0.5, 1.0), (math.inf, 10.0)]) == 0.5
     assert quantile(0.5, []) is None
+
+
+@pytest.mark.parametrize(
+    "name,cmdline,engine",
+    [
+        ("VLLM::EngineCor", ["VLLM::EngineCore"], True),  # 0.32.0 titles its engine core ...
+        ("VLLM::Worker", ["VLLM::Worker"], True),  # ... and its worker
+        ("python", ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)", "--multiprocessing-fork"], True),
+        ("vllm", ["/venv/bin/python", "/venv/bin/vllm", "serve", "m"], True),  # a forked engine keeps the server's arguments
+        ("python", ["python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(32)"], False),
+        ("g++", ["g++", "/root/.cache/vllm/torch_compile_cache/x.cpp"], False),  # torch.compile's compiler, while starting
+    ],
+)
+def test_which_descendants_are_engine_processes(name, cmdline, engine):
+    assert is_engine_process(name, cmdline) is engine
+
+
+_FAKE_SERVER = """
+import multiprocessing, sys, time
+
+def engine():
+    time.sleep(600)
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(target=engine)
+    child.start()
+    print(child.pid, flush=True)
+    time.sleep(600)  # never joins: a killed engine stays a zombie, as under a busy API process
+"""
+
+
+def test_the_process_table_sees_an_engine_process_go_even_while_it_is_a_zombie(tmp_path):
+    """A real process tree: a program run as ``vllm serve`` that starts its engine with
+    multiprocessing (as builds without process titles do). The scan lists the engine; once the
+    engine is killed (a zombie its parent never reaps) the scan no longer does."""
+    script = tmp_path / "vllm"
+    script.write_text(_FAKE_SERVER)
+    proc = subprocess.Popen([sys.executable, str(script), "serve", "m", "--port", "18999"], stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(proc.stdout.readline())
+        table = PsutilProcessTable()
+        (mine,) = [p for p in table.scan() if p.pid == proc.pid]
+        assert mine.engine_pids == (engine_pid,) and engine_pid in mine.pids
+        os.kill(engine_pid, signal.SIGKILL)
+        for _ in range(100):
+            if psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.05)
+        (mine,) = [p for p in table.scan() if p.pid == proc.pid]
+        assert mine.engine_pids == ()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+# vllm issue 8115 (vLLM 0.5.x with broken timing): 8060 TTFTs, every one in the first bucket
+# (le="0.1"), with a _sum of 0.5871782302856445 s. Two scrapes of such a server, one interval
+# apart, "poll after poll".
+_BROKEN_BOUNDS = ("0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "+Inf")
+
+
+def _ttft_with_sum(count: float, total: float, bounds=_BROKEN_BOUNDS, counts=None) -> str:
+    counts = counts or {le: count for le in bounds}
+    lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    for le in bounds:
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m"}} {counts[le]}')
+    lines.append(f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {count}')
+    lines.append(f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {total}')
+    return "\n".join(lines) + "\n"
+
+
+def test_quantiles_a_broken_timer_gives_are_kept_but_flagged_unreliable():
+    """The quantiles read 0.05/0.095/0.099 s as if measured, while the interval's mean is 73 µs:
+    no median can exceed twice the mean of non-negative values. They are flagged, with the
+    reason, poll after poll, and a rule reading them for an alert gets nothing."""
+    from vgpumon.model.vllm import ServerSample, ServerState, latency_for_alerts
+
+    d = IntervalDeriver()
+    d.step(0.0, parse_metrics(_ttft_with_sum(8060, 0.5871782302856445)))
+    for k in (2, 3):
+        out = d.step(k - 1.0, parse_metrics(_ttft_with_sum(8060 * k, 0.5871782302856445 * k)))
+        assert (out["ttft_p50_seconds"], out["ttft_p95_seconds"], out["ttft_p99_seconds"]) == pytest.approx((0.05, 0.095, 0.099))
+        why = out["latency_unreliable"]["ttft"]
+        assert why.startswith("p50 0.05 s above what the mean 7.29e-05 s allows (0.000146 s)")
+        assert why.endswith("all 8060 in the lowest bucket (≤ 0.1 s)")
+    smp = ServerSample(instance=None, ts=0.0, state=ServerState.BUSY, reason="", ttft_p99_seconds=0.099,
+                       latency_unreliable=out["latency_unreliable"])  # type: ignore[arg-type]
+    assert latency_for_alerts(smp, "ttft", 99) is None
+
+
+def test_a_sum_outside_what_the_buckets_allow_is_flagged():
+    """Negative durations (a timer mixing clocks) land in the first bucket and pull _sum below 0;
+    a _sum above every observation's upper bound is as impossible."""
+    d = IntervalDeriver()
+    d.step(0.0, parse_metrics(_ttft_with_sum(0, 0.0)))
+    neg = d.step(1.0, parse_metrics(_ttft_with_sum(100, -3.5)))["latency_unreliable"]["ttft"]
+    assert neg == "_sum -3.5 s outside what its buckets allow (0…10 s for 100 observations)"
+    d = IntervalDeriver()
+    d.step(0.0, parse_metrics(_ttft_with_sum(0, 0.0)))
+    high = {le: (0 if le == "0.1" else 10) for le in _BROKEN_BOUNDS}  # 10 in (0.1, 0.25]
+    assert "outside" in d.step(1.0, parse_metrics(_ttft_with_sum(10, 9.0, counts=high)))["latency_unreliable"]["ttft"]
+
+
+def test_real_latency_histograms_are_flagged_only_where_interpolation_invents():
+    """The real vLLM 0.32.0 server from idle to busy: TTFT (577 between 1 ms and 2.5 s, _sum
+    52.4 s), inter-token and end-to-end latencies are plausible and not flagged. Its queue time is:
+    all 480 requests waited ≤ 0.3 s (the lowest bucket) for a mean of 9.3 ms, so the median is at
+    most 18.6 ms, yet interpolation across [0, 0.3] says 0.15 s."""
+    from vllm_support import shared_dir
+
+    d = shared_dir("fixtures", "vllm-real")
+    deriver = IntervalDeriver()
+    deriver.step(0.0, parse_metrics((d / "vllm-0.32.0-cpu__idle.txt").read_text()))
+    out = deriver.step(10.0, parse_metrics((d / "vllm-0.32.0-cpu__busy.txt").read_text()))
+    assert out["ttft_p50_seconds"] is not None and out["e2e_p99_seconds"] is not None
+    assert set(out["latency_unreliable"]) == {"queue"}
+    assert out["queue_p50_seconds"] == pytest.approx(0.15)
+    assert out["latency_unreliable"]["queue"] == (
+        "p50 0.15 s above what the mean 0.00931 s allows (0.0186 s); all 480 in the lowest bucket (≤ 0.3 s)"
+    )

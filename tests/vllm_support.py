@@ -3,15 +3,17 @@ fake clock."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from vgpumon.sources.vllm import VllmSource
-from vgpumon.testing.vllm import FakeClock
+from vgpumon.testing.vllm import FakeClock, FakeVllmServer
 
 SHARED_ENV = "VGPUMON_SHARED"
 
@@ -51,3 +53,25 @@ def lifecycle_body(row: dict[str, Any]) -> str:
         lines.append(f"# TYPE vllm:{base} {kind}")
         lines.extend(row[key])
     return "\n".join(lines) + "\n"
+
+
+class ServerThread:
+    """Fake vLLM servers on their own event loop and thread, so that serving 20 MB bodies
+    does not load the agent's loop — only the agent's own scraping does."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.servers: list[FakeVllmServer] = []
+
+    def start(self, server: FakeVllmServer) -> FakeVllmServer:
+        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result(10)
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        for s in self.servers:
+            asyncio.run_coroutine_threadsafe(s.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -9,9 +9,16 @@ row is written before the process exits.
 Nothing lost: a batch the store refuses (unreachable, locked, disk full) goes to the backlog
 (``vgpumon.store.spool``: a spool on disk, else a bounded buffer in memory) and, while a backlog
 exists, so does every newer batch; each flush then replays the backlog oldest first until the store
-takes it again. One log line when an outage starts and one when it ends. The store thread is the
-only writer (SQLite allows one); it also runs the retention job (rollups, pruning) in small steps
-between batches, never while a backlog waits.
+takes it again. One log line when an outage starts and one when it ends. A batch refused for what
+it holds (a value a column cannot hold, a foreign key that no longer exists) is retried once, then
+split in halves until the failing rows stand alone: those go to the dead-letter file beside the
+spool and are counted, every other row is stored. The store thread is the only writer (SQLite
+allows one); it also runs the retention job (rollups, pruning) in small steps between batches,
+never while a backlog waits.
+
+The vLLM source runs in its own task, supervised: if it fails it is restarted with back-off
+(counted in ``AgentStats.vllm_restarts``), and whatever it does, the GPU rows are stored at
+shutdown. Its samples ride the same batches and the same backlog as the GPU rows.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -33,7 +41,7 @@ from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.repository import TickRows
-from vgpumon.store.spool import EXTRA, RAW, ROLLUP, Backlog
+from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
 
 if TYPE_CHECKING:
     from vgpumon.sources.vllm import ServerSample, VllmSource
@@ -56,6 +64,12 @@ class AgentStats:
             (their full resolution is lost; the rollups are stored).
         outages: times the store became unreachable.
         gpus: GPUs found.
+        vllm_samples: vLLM samples taken (one per server per poll).
+        vllm_rows_folded: vLLM samples folded away while a backlog bound was reached (their
+            server's state changes and last sample per minute are kept).
+        vllm_restarts: times the vLLM source failed and was restarted.
+        dead_letters: rows the store refused for what they hold, set aside in the dead-letter
+            file beside the spool (``Backlog.dead_letter_path``) instead of being stored.
     """
 
     ticks: int = 0
@@ -66,6 +80,19 @@ class AgentStats:
     outages: int = 0
     gpus: int = 0
     vllm_samples: int = 0
+    vllm_rows_folded: int = 0
+    vllm_restarts: int = 0
+    dead_letters: int = 0
+
+
+class _Interrupted(Exception):
+    """The store became unavailable part-way through a batch; ``rest`` is what it has not taken
+    (stored and dead-lettered rows left out), in order."""
+
+    def __init__(self, rest: list[Any], cause: StoreUnavailableError) -> None:
+        super().__init__(str(cause))
+        self.rest = rest
+        self.cause = cause
 
 
 class Agent:
@@ -78,8 +105,11 @@ class Agent:
         interval: seconds between ticks (wall clock); ignored when ``paced`` is false.
         duration: stop after this many seconds of sample time (capture time in a replay);
             ``None`` runs until stopped.
-        paced: sleep between ticks (live sampling, or a replay at recorded pace); false replays a
-            capture as fast as possible.
+        paced: sleep ``interval`` between ticks (live sampling); false replays a capture as fast
+            as possible, or at its recorded pace with ``recorded_pace``.
+        recorded_pace: a replay at the capture's own pace: each tick is taken in when as much
+            wall time (``monotonic``) has passed since the first as capture time has, whatever
+            ``interval`` says (a capture recorded at 0.5 s, or with gaps, replays as recorded).
         flush_every: seconds of wall time between batched writes.
         monotonic: injected clock for pacing, ``--duration`` and the intervals between ticks
             (``time.monotonic``).
@@ -93,8 +123,12 @@ class Agent:
         sysfs_root: where to read the PCIe topology above the GPUs (``/sys``); ``None`` skips it
             (replays).
         vllm: the vLLM source, polled by its own task at its own interval (``None``: no vLLM).
-            It sees every snapshot (GPU processes and activity); its samples are written through
-            the same store thread. A slow or broken server never delays an NVML tick.
+            It sees every snapshot (GPU processes and activity); its samples join the GPU rows'
+            batches (same store thread, same backlog). A slow or broken server never delays an
+            NVML tick; a source that fails is restarted after ``vllm_backoff`` seconds, doubling
+            up to ``vllm_backoff_max`` while it keeps failing. At stop it gets
+            ``vllm_stop_timeout`` seconds to finish its poll, then it is cancelled: the GPU rows
+            are stored whatever it does.
         backlog: where batches wait while the store is away; default: memory only, 8 GPU-hours
             of rows (``vgpumon agent`` passes a spool).
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
@@ -111,6 +145,7 @@ class Agent:
         interval: float = 1.0,
         duration: float | None = None,
         paced: bool = True,
+        recorded_pace: bool = False,
         flush_every: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
@@ -122,6 +157,9 @@ class Agent:
         backlog: Backlog | None = None,
         retention: "Retention | None" = None,
         maintenance_every: float = 60.0,
+        vllm_backoff: float = 1.0,
+        vllm_backoff_max: float = 60.0,
+        vllm_stop_timeout: float = 10.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -129,6 +167,7 @@ class Agent:
         self.interval = interval
         self.duration = duration
         self.paced = paced
+        self.recorded_pace = recorded_pace
         self.flush_every = flush_every
         self.monotonic = monotonic
         self.clock = clock
@@ -139,6 +178,10 @@ class Agent:
         self.host_every = max(1, host_every)
         self.topology: Any = None
         self.vllm = vllm
+        self.vllm_backoff = vllm_backoff
+        self.vllm_backoff_max = vllm_backoff_max
+        self.vllm_stop_timeout = vllm_stop_timeout
+        self._vllm_repo: VllmRepository | None = None
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
         self._pending: list[TickRows] = []
@@ -187,49 +230,103 @@ class Agent:
             self.stats.outages += 1
             log.error("%s; holding ticks in the %s until it returns", exc, where)
 
-    def _enqueue(self, gpu: list[tuple[Any, ...]], extra: list[TickRows]) -> str:
-        """Put what a batch could not store at the new end of the backlog; returns where the GPU
-        rows went (``"spool"`` or ``"memory"``)."""
-        where = self.backlog.append(RAW, gpu) if gpu else "spool"
-        if extra:
-            self.backlog.append(EXTRA, extra)
-        self._outage_rows += len(gpu)
-        return where
+    def _enqueue(self, entries: list[tuple[str, list[Any]]]) -> str:
+        """Put what a batch could not store at the new end of the backlog, in order; returns
+        where its first rows went (``"spool"`` or ``"memory"``)."""
+        where = None
+        for kind, rows in entries:
+            went = self.backlog.append(kind, rows)
+            where = where or went
+            if kind != EXTRA:
+                self._outage_rows += len(rows)
+        return where or "spool"
+
+    @staticmethod
+    def _entries(batch: list[TickRows]) -> list[tuple[str, list[Any]]]:
+        """A batch of ticks as backlog entries, in the order they are written: GPU rows, the
+        ticks' other rows (host samples, XID events, GPU processes), vLLM samples."""
+        gpu = [r for t in batch for r in t.get("gpu_samples", ())]
+        extra: list[TickRows] = [
+            e for e in ({k: v for k, v in t.items() if k not in ("gpu_samples", "vllm_samples") and v} for t in batch) if e
+        ]
+        vllm = [r for t in batch for r in t.get("vllm_samples", ())]
+        return [(kind, rows) for kind, rows in ((RAW, gpu), (EXTRA, extra), (VLLM, vllm)) if rows]
+
+    def _write_kind(self, kind: str, rows: list[Any]) -> None:
+        assert self.store is not None
+        if kind == RAW:
+            self.store.write_gpu_rows(rows)
+            self.stats.rows_written += len(rows)
+        elif kind == ROLLUP:
+            self.store.write_rollup_rows(rows)
+        elif kind == EXTRA:
+            self.store.write_extra_rows(rows)
+        elif kind == VLLM:
+            if self._vllm_repo is None:
+                from vgpumon.store.vllm_repository import VllmRepository
+
+                self._vllm_repo = VllmRepository(self.store.engine)
+            self._vllm_repo.write_rows(rows)
+        else:
+            raise ValueError(f"unknown backlog kind {kind!r}")
+
+    def _write_isolating(self, kind: str, rows: list[Any]) -> None:
+        """Write one batch. A failure other than "store unavailable" is retried once; if it
+        fails again the batch is split in halves, and halves again, until each failing row
+        stands alone (a tick's other rows down to single rows): that row goes to the dead-letter
+        file and every other row is stored. Runs on the store thread.
+
+        Raises:
+            _Interrupted: the store became unavailable; carries the rows not yet taken.
+        """
+        chunks: deque[list[Any]] = deque([list(rows)])
+        retried = False
+        while chunks:
+            chunk = chunks[0]
+            try:
+                self._write_kind(kind, chunk)
+            except StoreUnavailableError as exc:
+                raise _Interrupted([r for c in chunks for r in c], exc) from None
+            except Exception as exc:  # noqa: BLE001 - a row the store refuses; isolated below
+                if not retried:
+                    retried = True
+                    log.warning("a batch of %d %s rows failed (%s: %s); retrying it", len(chunk), kind, type(exc).__name__, exc)
+                    continue
+                chunks.popleft()
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    chunks.extendleft((chunk[half:], chunk[:half]))
+                elif kind == EXTRA and sum(len(v) for v in chunk[0].values()) > 1:
+                    chunks.extendleft(reversed([[{t: [r]}] for t, rs in chunk[0].items() for r in rs]))
+                else:
+                    self.backlog.dead_letter(kind, chunk[0], exc)
+                    self.stats.dead_letters += 1
+                continue
+            chunks.popleft()
 
     def _persist(self, batch: list[TickRows]) -> None:
         """Store a batch of ticks, or queue it behind the backlog; then replay the backlog oldest
-        first. GPU rows (encoded tuples, COPY on Postgres) and the tick's other rows (host samples,
-        XID events, GPU processes) are written one after the other. Runs on the store thread."""
+        first. GPU rows (encoded tuples, COPY on Postgres), the ticks' other rows (host samples,
+        XID events, GPU processes) and vLLM samples are written one after the other. Runs on the
+        store thread."""
         assert self.store is not None
-        gpu = [r for t in batch for r in t.get("gpu_samples", ())]
-        extra: list[TickRows] = [e for e in ({k: v for k, v in t.items() if k != "gpu_samples" and v} for t in batch) if e]
-        if gpu or extra:
-            if len(self.backlog) == 0:
+        entries = self._entries(batch)
+        if len(self.backlog) == 0:
+            for i, (kind, rows) in enumerate(entries):
                 try:
-                    if gpu:
-                        self.store.write_gpu_rows(gpu)
-                        self.stats.rows_written += len(gpu)
-                        gpu = []
-                    if extra:
-                        self.store.write_extra_rows(extra)
-                        extra = []
-                except StoreUnavailableError as exc:
-                    where = self._enqueue(gpu, extra)
-                    self._outage_begins(exc, "spool" if where == "spool" else "memory buffer")
+                    self._write_isolating(kind, rows)
+                except _Interrupted as it:
+                    where = self._enqueue([(kind, it.rest), *entries[i + 1 :]])
+                    self._outage_begins(it.cause, "spool" if where == "spool" else "memory buffer")
                     return
-            else:
-                self._enqueue(gpu, extra)
+        elif entries:
+            self._enqueue(entries)
         while (entry := self.backlog.peek()) is not None:
             try:
-                if entry.kind == ROLLUP:
-                    self.store.write_rollup_rows(entry.rows)
-                elif entry.kind == EXTRA:
-                    self.store.write_extra_rows(entry.rows)
-                else:
-                    self.store.write_gpu_rows(entry.rows)
-                    self.stats.rows_written += len(entry.rows)
-            except StoreUnavailableError as exc:
-                self._outage_begins(exc, "spool")
+                self._write_isolating(entry.kind, entry.rows)
+            except _Interrupted as it:
+                self.backlog.shrink_head(entry, it.rest)  # nothing stored or set aside twice
+                self._outage_begins(it.cause, "spool")
                 return
             self.backlog.ack(entry)
         if self._outage_since is not None:
@@ -252,11 +349,18 @@ class Agent:
         except StoreUnavailableError as exc:
             log.warning("retention step skipped: %s", exc)
             return
+        except Exception:  # noqa: BLE001 - upkeep must never cost a tick; the next step retries
+            log.exception("retention step failed")
+            return
         if res.rows_deleted or res.partitions_dropped:
             log.info("retention: %d rows deleted, partitions dropped: %s", res.rows_deleted, res.partitions_dropped)
 
     async def _write(self, batch: list[TickRows]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._store_exec, self._persist, batch)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._store_exec, self._persist, batch)
+        except Exception:  # noqa: BLE001 - a bug on the store thread: keep the batch, say so
+            log.exception("store thread failed; %d ticks kept for the next flush", len(batch))
+            self._pending[:0] = batch  # writes skip stored rows, so a second attempt is harmless
 
     def _flush(self) -> None:
         if self.store is None or (not self._pending and len(self.backlog) == 0):
@@ -354,36 +458,54 @@ class Agent:
 
     # -- vLLM: its own task and pace; rows through the store thread ----------------------------
 
-    async def _write_vllm(self, repo: VllmRepository, batch: list[ServerSample]) -> list[ServerSample]:
-        """Write a batch of vLLM samples; returns what is still pending (all of it while the
-        store is away)."""
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._store_exec, repo.write, self.hostname, batch)
-        except StoreUnavailableError as exc:
-            log.error("vLLM samples not stored yet: %s", exc)
-            return batch
-        return []
-
-    async def _run_vllm(self, stop: asyncio.Event) -> None:
-        assert self.vllm is not None
+    def _take_vllm(self, samples: list[ServerSample]) -> None:
+        """Queue a poll's samples with the GPU rows (next flush, same backlog)."""
+        self.stats.vllm_samples += len(samples)
+        if self.store is None or self._host_id is None or not samples:
+            return
         from vgpumon.store.vllm_repository import VllmRepository
 
-        repo = VllmRepository(self.store.engine) if self.store is not None else None
-        pending: list[ServerSample] = []
-        last_flush = self.monotonic()
+        self._pending.append({"vllm_samples": [VllmRepository.encode_sample(self._host_id, s) for s in samples]})
+
+    async def _run_vllm(self, stop: asyncio.Event) -> None:
+        """Run the vLLM source until ``stop``; restart it with back-off whenever it fails."""
+        assert self.vllm is not None
+        failures = 0
         try:
-            async for samples in self.vllm.run(stop):
-                self.stats.vllm_samples += len(samples)
-                pending.extend(samples)
-                if repo is not None and pending and self.monotonic() - last_flush >= self.flush_every:
-                    pending = await self._write_vllm(repo, pending)
-                    last_flush = self.monotonic()
-        except Exception:  # noqa: BLE001 - the vLLM source must never take the GPU sampling down
-            log.exception("vLLM source stopped")
+            while not stop.is_set():
+                try:
+                    async for samples in self.vllm.run(stop):
+                        failures = 0
+                        self._take_vllm(samples)
+                except Exception as exc:  # noqa: BLE001 - the vLLM source must never take the GPU sampling down
+                    failures += 1
+                    self.stats.vllm_restarts += 1
+                    delay = min(self.vllm_backoff * 2 ** (failures - 1), self.vllm_backoff_max)
+                    log.error(
+                        "vLLM source failed (%s: %s); restart %d in %.1f s",
+                        type(exc).__name__, exc, self.stats.vllm_restarts, delay, exc_info=exc,
+                    )
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                    except asyncio.TimeoutError:
+                        pass
         finally:
-            if repo is not None and pending:
-                pending = await self._write_vllm(repo, pending)
-            await self.vllm.close()
+            try:
+                await self.vllm.close()
+            except Exception:  # noqa: BLE001 - closing must not cost the GPU rows their drain
+                log.exception("closing the vLLM source failed")
+
+    async def _stop_vllm(self, task: asyncio.Task[None]) -> None:
+        """Let the vLLM task end its poll (its requests have timeouts, a process-table read may
+        not), for at most ``vllm_stop_timeout`` seconds; then cancel it. Never raises: the GPU
+        rows are drained after this whatever the source did."""
+        done, _ = await asyncio.wait({task}, timeout=self.vllm_stop_timeout)
+        if not done:
+            log.error("vLLM source did not stop within %.0f s; cancelled", self.vllm_stop_timeout)
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        elif not task.cancelled() and task.exception() is not None:  # supervised already: a bug
+            log.error("vLLM source ended with an error", exc_info=task.exception())
 
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
@@ -406,7 +528,7 @@ class Agent:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             start = self.monotonic()
             first_ts: float | None = None
-            first_mono = start
+            first_mono = start  # when the first tick was read: --duration and recorded pace
             last_flush = start
             k = 0
             while not stop.is_set():
@@ -422,6 +544,13 @@ class Agent:
                 elapsed = ts - first_ts if self._replaying else self.monotonic() - first_mono
                 if self.duration is not None and elapsed >= self.duration:
                     break
+                if self.recorded_pace:
+                    delay = first_mono + (ts - first_ts) - self.monotonic()
+                    if delay > 0:  # a tick read is a tick stored: a stop only ends the wait
+                        try:
+                            await asyncio.wait_for(stop.wait(), timeout=delay)
+                        except asyncio.TimeoutError:
+                            pass
                 if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                     self.stats.gpus = len(self.source.gpus)
                     await self._register()
@@ -445,18 +574,24 @@ class Agent:
                         last_flush = self.monotonic()
                 if self.on_tick is not None:
                     self.on_tick(snap)
-                if self.paced:
+                if self.paced and not self.recorded_pace:
                     k = await wait_for_slot(stop, start, k, self.interval, self.monotonic)
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay
         finally:
             vllm_stop.set()
             if vllm_task is not None:
-                await vllm_task
+                await self._stop_vllm(vllm_task)
             await self._drain()
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows
             self.stats.rows_folded = self.backlog.folded_rows
+            self.stats.vllm_rows_folded = self.backlog.folded_vllm_rows
+            if self.stats.dead_letters:
+                log.error(
+                    "%d rows the store refused were set aside in %s", self.stats.dead_letters,
+                    self.backlog.dead_letter_path or "the log (no spool)",
+                )
             if self.stats.rows_spooled:
                 log.error("%d rows left in the spool %s; the next run replays them", self.stats.rows_spooled, self.backlog.spool_dir)
             if self.stats.rows_pending:

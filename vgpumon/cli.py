@@ -119,7 +119,7 @@ def agent(
         Optional[Path],
         typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed).", exists=True, dir_okay=False),
     ] = None,
-    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
+    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
     hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
     slow_every: Annotated[
         Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
@@ -187,7 +187,8 @@ def agent(
         hostname=hostname or default_hostname(),
         interval=interval,
         duration=_parse_duration(duration) if duration else None,
-        paced=replay is None or pace is Pace.recorded,
+        paced=replay is None,
+        recorded_pace=replay is not None and pace is Pace.recorded,
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
@@ -203,6 +204,11 @@ def agent(
     if stats.rows_folded:  # type: ignore[attr-defined]
         typer.echo(
             f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)",  # type: ignore[attr-defined]
+            err=True,
+        )
+    if stats.dead_letters:  # type: ignore[attr-defined]
+        typer.echo(
+            f"vgpumon agent: {stats.dead_letters} rows the store refused were set aside in {backlog.dead_letter_path}",  # type: ignore[attr-defined]
             err=True,
         )
     if stats.rows_spooled:  # type: ignore[attr-defined]

@@ -21,8 +21,11 @@ from vgpumon.model.vllm import ServerState
 
 #: ``ServerState`` code → name (the stored SmallInteger of ``state`` and ``final_state``).
 SERVER_STATES: dict[int, str] = {s.code: s.value for s in ServerState}
-#: Unit of the prefix-cache counters a hit ratio was computed from.
+#: Unit of the prefix-cache counters a hit ratio was computed from (stored code).
 PREFIX_CACHE_UNITS: dict[str, int] = {"tokens": 1, "blocks": 2}
+#: How much of ``/metrics`` could be read (stored code): all of it, no ``vllm:`` families
+#: (``--disable-log-stats``), some lines unreadable, nothing.
+TELEMETRY_CODES: dict[str, int] = {"full": 1, "limited": 2, "partial": 3, "down": 4}
 
 _REQUESTS_MAX = 1e6  # queued or running requests of one server: far above any batch
 _RATE_MAX = 1e9  # tokens or requests per second of one server
@@ -126,9 +129,9 @@ SAMPLES: tuple[Field, ...] = (
         RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_prefix_cache_hit_ratio", label="prefix-cache hits",
     ),
     _poll(
-        "prefix_cache_unit", "state", "code", "What the prefix-cache counters counted: tokens or blocks.",
-        "the server's version (/version) and the counter names", Encoding("code", bits=16, codes=PREFIX_CACHE_UNITS),
-        label="prefix-cache unit",
+        "prefix_cache_unit", "enum", "code", "What the prefix-cache counters counted: tokens or blocks.",
+        "the server's version (/version) and the counter names", INT16, lo=1, hi=2,
+        decode={v: k for k, v in PREFIX_CACHE_UNITS.items()}, display="decoded", label="prefix-cache unit",
     ),
     *_quantiles(),
     _poll(
@@ -187,6 +190,36 @@ SAMPLES: tuple[Field, ...] = (
         "cpu_seconds_per_second", "gauge", "cores", "CPU used by the server's process tree (cores).",
         "increase of psutil cpu_times() user + system over the interval", MILLI, lo=0, hi=65536,
         prometheus="vgpumon_vllm_cpu_seconds_per_second", display="number", label="CPU (cores)",
+    ),
+    _poll(
+        "reason", "state", "text", "Why the server is in its state (\"engine lost (pid 812 gone)\", \"poll failed: …\").",
+        "the state machine (docs/vllm.md)", text(255), label="state reason",
+    ),
+    _poll(
+        "metrics_error", "state", "text", "Why /metrics gave no reading (\"too large\", \"HTTP 500\", a parse error).",
+        "GET /metrics", text(255), label="/metrics error",
+    ),
+    _poll(
+        "telemetry", "enum", "code", "How much of /metrics was read: full, limited (no vllm: families), partial, down.",
+        "GET /metrics", INT16, lo=1, hi=4, decode={v: k for k, v in TELEMETRY_CODES.items()},
+        prometheus="vgpumon_vllm_telemetry", display="decoded", label="telemetry",
+        note="exported as one 0/1 series per value (label telemetry)",
+    ),
+    _poll(
+        "metric_lines_dropped", "gauge", "count", "Lines of /metrics that could not be read (bad UTF-8, parse error).",
+        "GET /metrics, line by line through prometheus-client's parser", INT32, lo=0, hi=2**31 - 1,
+        prometheus="vgpumon_vllm_metric_lines_dropped", display="count", label="unreadable /metrics lines",
+        note="None when no body was read",
+    ),
+    _poll(
+        "latency_unreliable", "bitmask", "code", "Latency histograms whose quantiles cannot be true (flagged, never alerted on).",
+        "_sum outside what the buckets allow, or a median above twice the mean (docs/vllm.md)", INT16, lo=0, hi=15,
+        decode={1: "ttft", 2: "itl", 4: "e2e", 8: "queue"}, prometheus="vgpumon_vllm_latency_unreliable",
+        display="bits", label="unreliable latency histograms", note="exported as one 0/1 series per histogram",
+    ),
+    _poll(
+        "latency_unreliable_reason", "state", "text", "Why the flagged latency histograms cannot be true.",
+        "the histogram checks (docs/vllm.md)", text(255), label="unreliable latency reason",
     ),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 
 class ServerState(str, enum.Enum):
@@ -95,6 +95,15 @@ class ServerSample:
         scrape_seconds (wall time of this server's requests), generation_tokens_total (the
         cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
         scrape), reading (the parsed scrape itself, not stored).
+
+    Trust:
+        telemetry ``"partial"``: ``/metrics`` parsed, but ``metric_lines_dropped`` lines of it
+        could not be (invalid UTF-8, a line the parser refuses); ``metric_lines_dropped`` is
+        ``None`` when no body was parsed. ``metrics_error`` says why there is no reading
+        (``"too large"``, ``"HTTP 500"``, ...). ``latency_unreliable``: histogram (``"ttft"``,
+        ``"itl"``, ``"e2e"``, ``"queue"``) → why its quantiles cannot be true
+        (``vgpumon.sources.vllm.derive.implausible``); they are kept, and no latency alert may
+        use them: read latencies for alerting through ``latency_for_alerts``.
     """
 
     instance: InstanceIdentity
@@ -151,5 +160,32 @@ class ServerSample:
     scrape_seconds: float | None = None
     generation_tokens_total: float | None = None
     engine_labels: tuple[str, ...] = ()
+    metric_lines_dropped: int | None = None
+    latency_unreliable: Mapping[str, str] = field(default_factory=dict)
     #: the parsed scrape (``vgpumon.sources.vllm.metrics.MetricsReading``); not stored
     reading: Any = field(default=None, compare=False, repr=False)
+
+
+#: Histograms whose quantiles a sample carries, and their bit in the stored
+#: ``vllm_samples.latency_unreliable`` mask.
+LATENCY_HISTOGRAMS = {"ttft": 1, "itl": 2, "e2e": 4, "queue": 8}
+
+
+def latency_for_alerts(sample: ServerSample | Mapping[str, Any], histogram: str, percentile: int) -> float | None:
+    """A latency quantile that a rule may alert on: ``None`` when unknown, and also when its
+    histogram was flagged unreliable for that poll (the quantile cannot be true).
+
+    Args:
+        sample: a ``ServerSample``, or a stored row as ``VllmRepository.samples`` returns it
+            (``latency_unreliable`` there is the set of flagged histogram names).
+        histogram: ``"ttft"``, ``"itl"``, ``"e2e"`` or ``"queue"``.
+        percentile: 50, 95 or 99.
+
+    Returns:
+        Seconds, or ``None``.
+    """
+    if isinstance(sample, ServerSample):
+        flagged, value = sample.latency_unreliable, getattr(sample, f"{histogram}_p{percentile}_seconds")
+    else:
+        flagged, value = sample.get("latency_unreliable") or (), sample.get(f"{histogram}_p{percentile}_seconds")
+    return None if histogram in flagged else value

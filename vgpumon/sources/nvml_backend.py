@@ -30,12 +30,13 @@ import ctypes
 import datetime as _dt
 import gzip
 import io
+import itertools
 import json
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
+from typing import IO, Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from vgpumon.errors import CaptureFormatError
 
@@ -573,26 +574,11 @@ def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
 
 
-def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read a capture file.
-
-    Returns:
-        ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
-
-    Raises:
-        CaptureFormatError: the file is missing, not a vgpumon capture, of an unknown format
-            version, or has a malformed line (its number is named).
-    """
-    path = Path(path)
-    try:
-        with _open_text(path, "r") as f:
-            lines = f.read().splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise CaptureFormatError(f"cannot read capture {path}: {exc}") from None
-    if not lines:
+def _check_header(path: Path, first: str | None) -> dict[str, Any]:
+    if first is None:
         raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
     try:
-        header = json.loads(lines[0])
+        header = json.loads(first)
     except json.JSONDecodeError:
         raise CaptureFormatError(f"{path} is not a vgpumon capture (line 1 is not JSON)") from None
     if not isinstance(header, dict) or "vgpumon_capture" not in header:
@@ -601,17 +587,71 @@ def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
         raise CaptureFormatError(
             f"{path} has capture format {header['vgpumon_capture']}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
         )
-    ticks = []
-    for n, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        try:
-            tick = json.loads(line)
-            tick["tick"], tick["calls"]  # noqa: B018 - shape check
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CaptureFormatError(f"{path}:{n}: malformed capture line") from None
-        ticks.append(tick)
-    return header, ticks
+    return header
+
+
+def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
+    """The ticks of an open capture after its header line, one line at a time."""
+    n = 1
+    try:
+        for n, line in enumerate(f, start=2):
+            if not line.strip():
+                continue
+            try:
+                tick = json.loads(line)
+                tick["tick"], tick["calls"]  # noqa: B018 - shape check
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CaptureFormatError(f"{path}:{n}: malformed capture line") from None
+            yield tick
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise CaptureFormatError(f"cannot read capture {path} after line {n}: {exc}") from None
+
+
+def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """Open a capture and read it as it is consumed: its header now, its ticks one line at a time.
+
+    Replaying a capture this way takes the memory of one tick, whatever its length (an 8-GPU
+    hour read whole took about 290 MB).
+
+    Returns:
+        ``(header, ticks)``; ``ticks`` yields in file order, the init block (``tick == -1``)
+        first, and closes the file when exhausted (or garbage-collected).
+
+    Raises:
+        CaptureFormatError: the file is missing, not a vgpumon capture or of an unknown format
+            version; while iterating, a malformed line (its number is named) or a truncated file.
+    """
+    path = Path(path)
+    try:
+        f = _open_text(path, "r")
+        first = f.readline() or None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise CaptureFormatError(f"cannot read capture {path}: {exc}") from None
+    try:
+        header = _check_header(path, first)
+    except CaptureFormatError:
+        f.close()
+        raise
+
+    def ticks() -> Iterator[dict[str, Any]]:
+        with f:
+            yield from _tick_lines(path, f)
+
+    return header, ticks()
+
+
+def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a whole capture file into memory (``iter_capture`` streams it instead).
+
+    Returns:
+        ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
+
+    Raises:
+        CaptureFormatError: the file is missing, not a vgpumon capture, of an unknown format
+            version, or has a malformed line (its number is named).
+    """
+    header, ticks = iter_capture(path)
+    return header, list(ticks)
 
 
 class ReplayBackend:
@@ -621,11 +661,15 @@ class ReplayBackend:
     arguments (in recorded order when made several times), else from the init block; a call
     the capture never saw raises ``NvmlCallError(NOT_IN_CAPTURE)``.
 
-    ``replays_time`` tells the agent that tick times come from the capture.
+    The capture is read as the replay goes (``iter_capture``), one tick at a time, so a replay's
+    memory does not grow with its length; a malformed line therefore surfaces when the replay
+    reaches it (``begin_tick`` raises ``CaptureFormatError``). ``replays_time`` tells the agent
+    that tick times come from the capture.
 
     Args:
         path: capture file written by ``RecordingBackend`` (``vgpumon record``).
-        ticks: already-read ticks (with ``header``) instead of ``path``, for derived scenarios.
+        ticks: ticks (with ``header``) instead of ``path``, for derived scenarios; any iterable,
+            consumed once, the init block (``tick == -1``) first when there is one.
     """
 
     replays_time = True
@@ -635,17 +679,21 @@ class ReplayBackend:
         path: str | Path | None = None,
         *,
         header: Mapping[str, Any] | None = None,
-        ticks: Sequence[Mapping[str, Any]] | None = None,
+        ticks: Iterable[Mapping[str, Any]] | None = None,
     ) -> None:
         if path is not None:
-            header, ticks = read_capture(path)
+            header, ticks = iter_capture(path)
         if header is None or ticks is None:
             raise ValueError("ReplayBackend needs a path or header and ticks")
         self.header = dict(header)
-        init = [t for t in ticks if t["tick"] < 0]
-        self._init = self._index(init[0]["calls"]) if init else {}
-        self._ticks: Iterator[Mapping[str, Any]] = iter([t for t in ticks if t["tick"] >= 0])
-        self.tick_count = sum(1 for t in ticks if t["tick"] >= 0)
+        stream = iter(ticks)
+        first = next(stream, None)
+        self._init: dict[str, list[dict[str, Any]]] = {}
+        if first is not None and first["tick"] < 0:
+            self._init = self._index(first["calls"])
+        elif first is not None:
+            stream = itertools.chain([first], stream)
+        self._ticks: Iterator[Mapping[str, Any]] = (t for t in stream if t["tick"] >= 0)
         self._current: dict[str, list[dict[str, Any]]] = {}
 
     @staticmethod

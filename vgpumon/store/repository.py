@@ -49,6 +49,34 @@ _TABLES = {
 }
 
 
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether a write failed because the store cannot take writes now (unreachable, restarting,
+    locked, disk full, read-only) rather than because of the rows (a value its column cannot
+    hold, a foreign key that does not exist, a constraint).
+
+    The first kind is retried later from the backlog; the second would fail again however long
+    the agent waited, so its batch must be split and the failing row set aside (``Agent``).
+    SQLAlchemy's ``OperationalError``/``InterfaceError`` (and psycopg's, which the COPY path
+    raises unwrapped) are the first kind, except Postgres class 54 ("program limit exceeded":
+    a row too large, too many columns), which concerns the row.
+    """
+    from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if str(getattr(orig, "sqlstate", "") or "").startswith("54"):
+        return False
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)):
+        return True
+    try:
+        import psycopg
+    except ImportError:  # the postgres extra is not installed: no psycopg error can occur
+        return False
+    return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+
+
 def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
     """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
     if dialect == "postgresql":
@@ -221,9 +249,12 @@ class Store:
                     except dbapi_error as exc:
                         # COPY runs on the driver connection, outside SQLAlchemy's error
                         # handling: a server that went away mid-COPY leaves a dead connection
-                        # that must not go back to the pool.
+                        # that must not go back to the pool (nor may one left mid-transaction
+                        # by a row the server refused).
                         conn.invalidate()
-                        raise self._fail(exc) from None
+                        if store_unavailable(exc):
+                            raise self._fail(exc) from None
+                        raise
                 else:
                     marks = ", ".join("?" for _ in columns)
                     cols = ", ".join(f'"{c}"' for c in columns)
@@ -232,7 +263,9 @@ class Store:
                     )
                 conn.commit()
         except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
+            if store_unavailable(exc):
+                raise self._fail(exc) from None
+            raise
 
     def write_gpu_rows(self, rows: Sequence[GpuRow]) -> None:
         """Write stored ``gpu_samples`` rows (``codec.GPU_ROW_COLUMNS`` order) in one transaction;
@@ -241,6 +274,9 @@ class Store:
         Raises:
             StoreUnavailableError: the database is unreachable, locked, full, ...; nothing of the
                 batch is stored then.
+            Exception: the driver's own error (SQLAlchemy ``IntegrityError``/``DataError``,
+                ``OverflowError`` from sqlite3, ...) when the store refuses a row for what it
+                holds (``store_unavailable`` is false for it); nothing of the batch is stored.
         """
         if rows:
             self._insert_rows("gpu_samples", GPU_ROW_COLUMNS, rows)
@@ -260,6 +296,8 @@ class Store:
 
         Raises:
             StoreUnavailableError: the database is unreachable; nothing of the batch is stored.
+            Exception: the driver's own error when the store refuses a row for what it holds,
+                as in ``write_gpu_rows``; nothing of the batch is stored.
         """
         merged: dict[str, list[dict[str, Any]]] = {t: [] for t in EXTRA_TABLES}
         for tick in ticks:
@@ -279,9 +317,11 @@ class Store:
                     if merged[table]:
                         conn.execute(self._extra_inserts[table], merged[table])
                 conn.commit()
-        except SQLAlchemyError as exc:
+        except Exception as exc:
             self._process_ids.clear()  # ids inserted by a rolled-back transaction are void
-            raise self._fail(exc) from None
+            if isinstance(exc, SQLAlchemyError) and store_unavailable(exc):
+                raise self._fail(exc) from None
+            raise
 
     def _with_process_id(self, conn: Any, row: dict[str, Any]) -> dict[str, Any]:
         key = (row["host_id"], row["pid"], row["start_time"])

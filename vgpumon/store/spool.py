@@ -10,16 +10,23 @@ in memory, in one ordered backlog.
 * **Memory.** When the spool cannot be written (disk full, read-only, no permission), batches are
   kept in memory; from then on new batches also go to memory until it has drained, so that the
   backlog stays in time order (spool first, then memory).
-* **Bounds.** ``max_spool_bytes`` and ``max_memory_rows``. When one is exceeded, the oldest raw
-  ticks of that tier are folded into 1-minute rollup rows (``vgpumon.store.rollup``) instead of
-  being dropped: the minute keeps min/mean/max/percentiles and ``folded_samples`` counts the ticks
-  whose full resolution was lost. Rollup rows are 1/60 of the raw ones; they are not bounded.
+* **Bounds.** ``max_spool_bytes``, ``max_memory_rows`` and ``max_memory_vllm_rows``. When one is
+  exceeded, the oldest raw ticks of that tier are folded into 1-minute rollup rows
+  (``vgpumon.store.rollup``) instead of being dropped: the minute keeps min/mean/max/percentiles
+  and ``folded_samples`` counts the ticks whose full resolution was lost. Rollup rows are 1/60 of
+  the raw ones; they are not bounded. vLLM samples fold too: per server and minute the last
+  sample and every change of state are kept (``vllm_repository.fold_rows``).
+* **Dead letters.** A row the store refuses for a reason other than being unavailable (a value
+  its column cannot hold, a foreign key that no longer exists) is isolated by the agent and
+  appended to ``<spool>.dead-letter.jsonl`` beside the spool directory, one JSON line per row with
+  the error, and counted (``dead_letters``). Nothing is dropped without a word.
 
 Not thread-safe: the agent uses it from its store thread only.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import os
@@ -30,6 +37,7 @@ from typing import Any
 
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, reorder
 from vgpumon.store.rollup import rollup_rows, split_whole_minutes
+from vgpumon.store.vllm_repository import fold_rows as fold_vllm_rows
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +46,19 @@ ROLLUP = "rollup"
 #: A tick's other rows (host samples, XID events, GPU processes) as dicts per table; kept in order
 #: with the GPU rows, never folded (they are a few rows a tick).
 EXTRA = "extra"
+#: vLLM samples, one JSON-able dict each (``vllm_repository.encode_sample``).
+VLLM = "vllm"
+#: Kinds whose rows are dicts stored as they are (no column list).
+_DICT_KINDS = (EXTRA, VLLM)
 SPOOL_FORMAT = 1
 
 
 @dataclass
 class Entry:
     """One batch in the backlog: ``kind`` is ``"raw"`` (``gpu_samples`` rows), ``"rollup"``
-    (``gpu_samples_1m`` rows) or ``"extra"`` (per tick, table → dict rows of the tick's other
-    tables); ``path`` is its spool file, ``None`` in memory."""
+    (``gpu_samples_1m`` rows), ``"extra"`` (per tick, table → dict rows of the tick's other
+    tables) or ``"vllm"`` (encoded vLLM samples); ``path`` is its spool file, ``None`` in
+    memory."""
 
     kind: str
     rows: list[Any]
@@ -61,18 +74,32 @@ class Backlog:
             only.
         max_spool_bytes: spool size above which its oldest raw ticks are folded into rollups.
         max_memory_rows: raw rows kept in memory above which the oldest are folded.
+        max_memory_vllm_rows: vLLM samples kept in memory above which the oldest are folded
+            (default: 2 servers polled every 2 s for an hour; a sample takes about 4 kB here).
     """
 
-    def __init__(self, spool_dir: Path | None, *, max_spool_bytes: int = 1 << 30, max_memory_rows: int = 8 * 3600) -> None:
+    def __init__(
+        self,
+        spool_dir: Path | None,
+        *,
+        max_spool_bytes: int = 1 << 30,
+        max_memory_rows: int = 8 * 3600,
+        max_memory_vllm_rows: int = 3600,
+    ) -> None:
         self.spool_dir = spool_dir
         self.max_spool_bytes = max_spool_bytes
         self.max_memory_rows = max_memory_rows
+        self.max_memory_vllm_rows = max_memory_vllm_rows
         self._spool: deque[Entry] = deque()
         self._memory: deque[Entry] = deque()
         self._seq = 0
         self.spool_bytes = 0
         #: raw ticks (GPU rows) folded into rollups: resolution lost, never stored raw.
         self.folded_rows = 0
+        #: vLLM samples folded away (their server's state changes and last sample per minute kept).
+        self.folded_vllm_rows = 0
+        #: rows the store refused for a reason other than being unavailable (see ``dead_letter``).
+        self.dead_letters = 0
         self.spool_failed = False
         if spool_dir is not None:
             self._load()
@@ -84,13 +111,20 @@ class Backlog:
 
     @property
     def spooled_rows(self) -> int:
-        """Rows (raw and rollup) waiting on disk."""
+        """Rows (raw, rollup and vLLM) waiting on disk."""
         return sum(len(e.rows) for e in self._spool if e.kind != EXTRA)
 
     @property
     def memory_rows(self) -> int:
-        """Rows (raw and rollup) waiting in memory; lost if the process ends."""
+        """Rows (raw, rollup and vLLM) waiting in memory; lost if the process ends."""
         return sum(len(e.rows) for e in self._memory if e.kind != EXTRA)
+
+    @property
+    def dead_letter_path(self) -> Path | None:
+        """``<spool>.dead-letter.jsonl`` beside the spool directory; ``None`` without a spool."""
+        if self.spool_dir is None:
+            return None
+        return self.spool_dir.with_name(self.spool_dir.name + ".dead-letter.jsonl")
 
     # -- spool files -----------------------------------------------------------------------------
 
@@ -100,6 +134,8 @@ class Backlog:
             return  # created on first use: an agent whose store never fails leaves no directory
         try:
             names = sorted(p for p in self.spool_dir.iterdir() if p.suffix == ".json")
+            for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash: never a batch
+                stale.unlink(missing_ok=True)
         except OSError as exc:
             log.error("spool %s unusable (%s): the backlog stays in memory", self.spool_dir, exc)
             self.spool_failed = True
@@ -108,7 +144,7 @@ class Backlog:
             try:
                 doc = json.loads(path.read_text())
                 kind = doc["kind"]
-                if kind == EXTRA:
+                if kind in _DICT_KINDS:
                     rows = doc["rows"]
                 else:
                     target = GPU_ROW_COLUMNS if kind == RAW else ROLLUP_ROW_COLUMNS
@@ -124,15 +160,21 @@ class Backlog:
 
     def _write_file(self, kind: str, rows: list[Any], name: str) -> Entry:
         assert self.spool_dir is not None
-        columns = None if kind == EXTRA else GPU_ROW_COLUMNS if kind == RAW else ROLLUP_ROW_COLUMNS
+        columns = _columns(kind)
         data = json.dumps({"v": SPOOL_FORMAT, "kind": kind, "columns": columns, "rows": rows}, separators=(",", ":"))
         path = self.spool_dir / name
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # a spooled batch must survive a power loss as well as a crash
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # a spooled batch must survive a power loss as well as a crash
+            os.replace(tmp, path)
+        except BaseException:
+            # a full disk fails the write or the fsync half-way: the partial file is no batch, and
+            # leaving it would hold the very space the next attempt needs
+            tmp.unlink(missing_ok=True)
+            raise
         return Entry(kind, rows, path, len(data))
 
     def _spool_append(self, kind: str, rows: list[tuple[Any, ...]]) -> bool:
@@ -152,7 +194,7 @@ class Backlog:
 
     # -- public ------------------------------------------------------------------------------
 
-    def append(self, kind: str, rows: list[tuple[Any, ...]]) -> str:
+    def append(self, kind: str, rows: list[Any]) -> str:
         """Add a batch at the new end. Returns where it went: ``"spool"`` or ``"memory"``."""
         if not rows:
             return "memory"
@@ -188,78 +230,146 @@ class Backlog:
         else:
             raise ValueError("ack of a batch that is not the oldest")
 
+    def shrink_head(self, entry: Entry, rows: list[Any]) -> None:
+        """Part of the oldest batch is stored (or dead-lettered): keep only ``rows`` of it, so
+        that a replay neither writes nor dead-letters those rows a second time."""
+        if len(rows) == len(entry.rows):
+            return
+        if entry.path is not None:
+            try:
+                new = self._write_file(entry.kind, rows, entry.path.name)
+            except OSError as exc:  # replayed whole: stored rows are skipped by the write
+                log.warning("spool file %s not rewritten: %s", entry.path, exc)
+                return
+            self.spool_bytes += new.size - entry.size
+            entry.size = new.size
+        entry.rows = list(rows)
+
+    def dead_letter(self, kind: str, row: Any, error: BaseException) -> None:
+        """Set aside one row the store refused for a reason other than being unavailable.
+
+        The row is appended, as one JSON line with its kind, columns, the error and the time, to
+        ``dead_letter_path`` (created when missing) and counted in ``dead_letters``. Without a
+        spool, or when that file cannot be written, the row is logged whole instead.
+        """
+        self.dead_letters += 1
+        doc = {
+            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "kind": kind,
+            "error": f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:500],
+            "columns": _columns(kind),
+            "row": row,
+        }
+        line = json.dumps(doc, separators=(",", ":"), default=repr)
+        path = self.dead_letter_path
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a") as f:
+                    f.write(line + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                log.error("a %s row the store refuses (%s) was set aside in %s", kind, doc["error"], path)
+                return
+            except OSError as exc:
+                log.error("dead-letter file %s cannot be written (%s)", path, exc)
+        log.error("a %s row the store refuses (%s) is dropped: %s", kind, doc["error"], line)
+
     # -- bounds: fold oldest raw ticks into 1-minute rollups ---------------------------------------
 
     @staticmethod
-    def _fold(entries: list[Entry], more_follow: bool) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
-        raw = sorted((r for e in entries for r in e.rows), key=lambda r: r[TS])
-        whole, rest = split_whole_minutes(raw, keep_last_minute=more_follow)
-        return rollup_rows(whole, folded=True), rest, len(whole)
+    def _fold(kind: str, entries: list[Entry]) -> tuple[list[tuple[str, list[Any]]], int]:
+        """Fold the rows of ``entries`` (all of ``kind``), their newest minute excepted: the next
+        ticks may belong to it, and a minute folded twice keeps only its first summary. Returns
+        the batches that replace them, oldest first, and how many rows lost their full
+        resolution (0: nothing to fold yet)."""
+        rows = [r for e in entries for r in e.rows]
+        if kind == VLLM:
+            kept, count = fold_vllm_rows(rows, keep_last_minute=True)
+            return [(VLLM, kept)], count
+        raw = sorted(rows, key=lambda r: r[TS])
+        whole, rest = split_whole_minutes(raw, keep_last_minute=True)
+        out: list[tuple[str, list[Any]]] = [(ROLLUP, rollup_rows(whole, folded=True))]
+        if rest:
+            out.append((RAW, rest))
+        return out, len(whole)
 
     def _bound_memory(self) -> None:
-        raw_rows = sum(len(e.rows) for e in self._memory if e.kind == RAW)
-        if raw_rows <= self.max_memory_rows:
-            return
-        # fold the oldest raw batches worth a quarter of the bound, in whole minutes
-        target = max(self.max_memory_rows // 4, 1)
-        taken: list[Entry] = []
-        n = 0
-        rollups: list[Entry] = []
-        while self._memory and n < target:
-            e = self._memory.popleft()
-            if e.kind != RAW:  # rollups and extra rows keep their place ahead of what is folded
-                rollups.append(e)
+        for kind, bound in ((RAW, self.max_memory_rows), (VLLM, self.max_memory_vllm_rows)):
+            if sum(len(e.rows) for e in self._memory if e.kind == kind) > bound:
+                self._fold_memory(kind, bound)
+
+    def _fold_memory(self, kind: str, bound: int) -> None:
+        # fold the oldest batches of this kind worth a quarter of the bound, in whole minutes;
+        # other batches keep their place ahead of what is folded
+        entries = list(self._memory)
+        picked = self._pick([(i, e) for i, e in enumerate(entries) if e.kind == kind], max(bound // 4, 1), lambda e: len(e.rows))
+        if picked is None:
+            return  # everything is one unfinished minute: nothing to fold yet
+        taken, folded, count = picked
+        last = taken[-1][0]
+        skip = {i for i, _ in taken}
+        head = [e for i, e in enumerate(entries[: last + 1]) if i not in skip]
+        self._memory = deque(head + [Entry(k, rows) for k, rows in folded if rows] + entries[last + 1 :])
+        self._count_folded(kind, count)
+        log.warning("in-memory buffer full (%d %s rows): folded %d of them (1-minute resolution kept)", bound, kind, count)
+
+    def _pick(
+        self, candidates: list[tuple[int, Entry]], target: int, measure: Any
+    ) -> tuple[list[tuple[int, Entry]], list[tuple[str, list[Any]]], int] | None:
+        """The oldest ``candidates`` (position, batch) worth ``target`` (by ``measure``) that fold
+        at least one row, with their fold; more are taken while the fold is empty (all in the
+        newest, unfinished minute), doubling the amount each try. ``None``: nothing folds."""
+        n, goal = 0, target
+        for k, (_, e) in enumerate(candidates):
+            n += measure(e)
+            if n < goal and k + 1 < len(candidates):
                 continue
-            taken.append(e)
-            n += len(e.rows)
-        more = any(e.kind == RAW for e in self._memory)
-        folded, rest, count = self._fold(taken, more)
-        if count == 0:  # everything taken is one unfinished minute: keep it, nothing to fold yet
-            self._memory.extendleft(reversed(rollups + taken))
-            return
-        head = rollups + [Entry(ROLLUP, folded)]
-        if rest:
-            head.append(Entry(RAW, rest))
-        self._memory.extendleft(reversed(head))
-        self.folded_rows += count
-        log.warning("in-memory buffer full (%d rows): folded %d raw ticks into 1-minute rollups", self.max_memory_rows, count)
+            taken = candidates[: k + 1]
+            folded, count = self._fold(e.kind, [x for _, x in taken])
+            if count:
+                return taken, folded, count
+            goal = 2 * n
+        return None
+
+    def _count_folded(self, kind: str, count: int) -> None:
+        if kind == VLLM:
+            self.folded_vllm_rows += count
+        else:
+            self.folded_rows += count
 
     def _bound_spool(self) -> None:
         if self.spool_bytes <= self.max_spool_bytes:
             return
-        target = self.max_spool_bytes // 4
-        taken: list[Entry] = []
-        size = 0
-        for e in list(self._spool):
-            if e.kind != RAW:
-                if taken:
-                    break  # fold only contiguous raw batches, keeping order
-                continue
-            taken.append(e)
-            size += e.size
-            if size >= target:
+        for kind in (RAW, VLLM):  # GPU ticks first: they are most of the spool
+            if self._fold_spool(kind, self.max_spool_bytes // 4):
+                return
+
+    def _fold_spool(self, kind: str, target: int) -> bool:
+        run: list[tuple[int, Entry]] = []  # the oldest contiguous batches of this kind
+        for i, e in enumerate(self._spool):
+            if e.kind == kind:
+                run.append((i, e))
+            elif run:
                 break
-        if not taken:
-            return
-        last = self._spool.index(taken[-1])
-        more = any(e.kind == RAW for e in list(self._spool)[last + 1 :])
-        folded, rest, count = self._fold(taken, more)
-        if count == 0:
-            return
-        first = self._spool.index(taken[0])
+        if not run:
+            return False
+        picked = self._pick(run, target, lambda e: e.size)
+        if picked is None:
+            return False
+        taken_pairs, folded, count = picked
+        taken = [e for _, e in taken_pairs]
+        first = taken_pairs[0][0]
         # Names sort in backlog order: a folded file takes the name of the first file it replaces
         # plus "a", the held-back rest the name of the last plus "b"; both sort after everything
         # before and before everything after, however often folds nest.
         assert taken[0].path is not None and taken[-1].path is not None
-        first_name = taken[0].path.name.split(".")[0]
-        last_name = taken[-1].path.name.split(".")[0]
+        names = (taken[0].path.name.split(".")[0] + "a", taken[-1].path.name.split(".")[0] + "b")
         try:
-            new = [self._write_file(ROLLUP, folded, f"{first_name}a.{ROLLUP}.json")]
-            if rest:
-                new.append(self._write_file(RAW, rest, f"{last_name}b.{RAW}.json"))
+            new = [self._write_file(k, rows, f"{name}.{k}.json") for (k, rows), name in zip(folded, names) if rows]
         except OSError as exc:
             log.error("spool %s cannot be folded (%s)", self.spool_dir, exc)
-            return
+            return False
         for e in taken:
             self._spool.remove(e)
             self.spool_bytes -= e.size
@@ -268,5 +378,13 @@ class Backlog:
         for i, e in enumerate(new):
             self._spool.insert(first + i, e)
             self.spool_bytes += e.size
-        self.folded_rows += count
-        log.warning("spool over %d bytes: folded %d raw ticks into 1-minute rollups", self.max_spool_bytes, count)
+        self._count_folded(kind, count)
+        log.warning("spool over %d bytes: folded %d %s rows (1-minute resolution kept)", self.max_spool_bytes, count, kind)
+        return True
+
+
+def _columns(kind: str) -> tuple[str, ...] | None:
+    """Column names of a batch's rows; ``None`` for kinds whose rows are dicts."""
+    if kind in _DICT_KINDS:
+        return None
+    return GPU_ROW_COLUMNS if kind == RAW else ROLLUP_ROW_COLUMNS

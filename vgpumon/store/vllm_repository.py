@@ -8,13 +8,16 @@ from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
-from vgpumon.model import InstanceIdentity, ServerSample, ServerState
+from vgpumon.model import ServerSample, ServerState
+from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
-from vgpumon.store.repository import insert_ignoring_duplicates
+from vgpumon.store.repository import insert_ignoring_duplicates, store_unavailable
 from vgpumon.store.schema import Host
 from vgpumon.store.vllm_schema import (
     PREFIX_CACHE_UNIT_NAMES,
     PREFIX_CACHE_UNITS,
+    TELEMETRY_CODES,
+    TELEMETRY_NAMES,
     VllmEngineSampleRow,
     VllmGpuMapRow,
     VllmInstance,
@@ -28,15 +31,70 @@ _GPU_MAP = VllmGpuMapRow.__table__
 #: ``vllm_samples`` columns copied from ``ServerSample`` attributes of the same name.
 _VALUE_COLUMNS = tuple(
     c.name for c in _SAMPLES.columns
-    if c.name not in {"instance_id", "ts", "state", "telemetry_up", "prefix_cache_unit"}
+    if c.name not in {
+        "instance_id", "ts", "state", "telemetry_up", "prefix_cache_unit", "reason", "metrics_error", "telemetry",
+        "latency_unreliable", "latency_unreliable_reason",
+    }
 )
 
 
-def _identity_filter(host_id: int, ident: InstanceIdentity) -> Any:
+def _text(value: str | None, limit: int = 255) -> str | None:
+    """A reason as its column holds it (``String(255)``): cut, never refused by the store."""
+    return None if value is None else value[:limit]
+
+
+def _identity_filter(host_id: int, ident: dict[str, Any]) -> Any:
     c = _INSTANCES.c
-    conds = [c.host_id == host_id, c.port == ident.port, c.first_seen == ident.first_seen]
-    conds.append(c.pid.is_(None) if ident.pid is None else c.pid == ident.pid)
+    conds = [c.host_id == host_id, c.port == ident["port"], c.first_seen == ident["first_seen"]]
+    conds.append(c.pid.is_(None) if ident["pid"] is None else c.pid == ident["pid"])
     return and_(*conds)
+
+
+#: One vLLM sample as the backlog and the write path carry it: a JSON-able dict (see
+#: ``encode_sample``), so that it can wait in the spool like a GPU row.
+VllmRow = dict[str, Any]
+
+
+def instance_key(row: VllmRow) -> tuple[Any, ...]:
+    """The identity of the server start an encoded sample belongs to."""
+    i = row["instance"]
+    return (row["host_id"], i["port"], i["pid"], i["first_seen"])
+
+
+def fold_rows(rows: Sequence[VllmRow], *, keep_last_minute: bool) -> tuple[list[VllmRow], int]:
+    """Thin encoded samples when the backlog is over its bound, as GPU ticks fold into rollups.
+
+    Per server start and minute the last sample is kept, and so is every sample whose state or
+    reason differs from its predecessor's, and the final one (``ended``): what an on-call reader
+    needs (when it went dead, hung, ready) survives; rates and quantiles of a kept sample still
+    cover its own poll interval only.
+
+    Args:
+        rows: encoded samples, any order.
+        keep_last_minute: keep every sample of the newest minute (more samples of it may follow).
+
+    Returns:
+        The kept samples in time order, and how many were folded away.
+    """
+    ordered = sorted(rows, key=lambda r: r["sample"]["ts"])
+    if not ordered:
+        return [], 0
+    newest = int(ordered[-1]["sample"]["ts"] // 60)
+    last_of_minute = {(instance_key(r), int(r["sample"]["ts"] // 60)): i for i, r in enumerate(ordered)}
+    previous: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    kept = []
+    for i, r in enumerate(ordered):
+        key, minute = instance_key(r), int(r["sample"]["ts"] // 60)
+        state = (r["sample"]["state"], r["sample"].get("reason"))
+        if (
+            (keep_last_minute and minute == newest)
+            or last_of_minute[(key, minute)] == i
+            or previous.get(key) != state
+            or r["start"].get("ended") is not None
+        ):
+            kept.append(r)
+        previous[key] = state
+    return kept, len(ordered) - len(kept)
 
 
 class VllmRepository:
@@ -46,12 +104,14 @@ class VllmRepository:
         engine: the store's engine (``Store.engine``); tables are created by
             ``Store.init_schema`` (``Base.metadata`` holds them).
 
-    Every method raises ``StoreUnavailableError`` when the database cannot be reached.
+    Every method raises ``StoreUnavailableError`` when the database cannot be reached; a write
+    the store refuses for what a row holds raises the driver's own error (see
+    ``repository.store_unavailable``).
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._ids: dict[tuple[str, InstanceIdentity], int] = {}
+        self._ids: dict[tuple[Any, ...], int] = {}
         self._insert_samples = insert_ignoring_duplicates(engine.dialect.name, _SAMPLES)
         self._insert_engines = insert_ignoring_duplicates(engine.dialect.name, _ENGINES)
         self._partitions: set[tuple[str, int]] = set()  # (table, day ms) known to exist (Postgres)
@@ -61,80 +121,116 @@ class VllmRepository:
         return StoreUnavailableError(f"store {self.engine.url.render_as_string(hide_password=True)} unavailable: {detail}")
 
     @staticmethod
-    def sample_row(instance_id: int, s: ServerSample) -> dict[str, Any]:
+    def sample_row(instance_id: int | None, s: ServerSample) -> dict[str, Any]:
         """The ``vllm_samples`` row of one sample (base units; the column types encode)."""
         row = {name: getattr(s, name) for name in _VALUE_COLUMNS}
+        flagged = {h: why for h, why in s.latency_unreliable.items() if h in LATENCY_HISTOGRAMS}
         row.update(
-            instance_id=instance_id, ts=s.ts, state=s.state.code,
+            ts=s.ts, state=s.state.code,
             telemetry_up=None if s.telemetry is None else s.telemetry != "down",
+            telemetry=TELEMETRY_CODES.get(s.telemetry or ""),
             prefix_cache_unit=PREFIX_CACHE_UNITS.get(s.prefix_cache_unit or ""),
+            reason=_text(s.reason),
+            metrics_error=_text(s.metrics_error),
+            latency_unreliable=sum(LATENCY_HISTOGRAMS[h] for h in flagged),
+            latency_unreliable_reason=_text("; ".join(f"{h}: {why}" for h, why in sorted(flagged.items()))),
         )
+        if instance_id is not None:
+            row["instance_id"] = instance_id
         return row
 
+    @classmethod
+    def encode_sample(cls, host_id: int, s: ServerSample) -> VllmRow:
+        """One sample as the plain, JSON-able dict the backlog holds and ``write_rows`` stores:
+        ``host_id``, ``instance`` (identity), ``start`` (facts of the start as of this sample),
+        ``sample`` (the ``vllm_samples`` row without its instance id, base units), ``engines``
+        (``vllm_engine_samples`` rows) and ``gpus`` (UUIDs)."""
+        ident = s.instance
+        return {
+            "host_id": host_id,
+            "instance": {
+                "address": ident.host, "port": ident.port, "url": ident.url, "origin": ident.origin,
+                "pid": ident.pid, "process_start": ident.process_start, "first_seen": ident.first_seen,
+            },
+            "start": {
+                "version": s.version, "model": ",".join(s.model_names)[:1024] or None,
+                "first_connect": s.first_connect_ts, "ready": s.ready_ts, "prewarm_seconds": s.prewarm_seconds,
+                "prewarm_gpu_active_ratio": s.prewarm_gpu_active_ratio,
+                "prewarm_gpu_activity_source": s.prewarm_gpu_activity_source,
+                "ended": s.ts if s.ended else None, "final_state": s.state.code if s.ended else None,
+            },
+            "sample": cls.sample_row(None, s),
+            "engines": [
+                {
+                    "model_name": e.model_name or "", "engine": e.engine or "", "running": e.running,
+                    "waiting": e.waiting, "kv_cache_usage_ratio": e.kv_cache_usage_ratio,
+                }
+                for e in s.engines
+            ],
+            "gpus": list(s.gpu_uuids),
+        }
+
     def write(self, hostname: str, samples: Sequence[ServerSample]) -> None:
-        """Store a batch of samples in one transaction: the instances (created or updated with
-        the newest start facts), their sample rows, per-engine rows and GPU mapping. A sample
-        already stored (same instance and time) is skipped."""
+        """Store a batch of samples of one host (created when missing); see ``write_rows``."""
         if not samples:
             return
-        new_ids: dict[tuple[str, InstanceIdentity], int] = {}
-        new_parts: set[tuple[str, int]] = set()  # cached only once the transaction commits
         try:
             with self.engine.begin() as conn:
                 host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
                 if host_id is None:
                     host_id = conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key[0]
-                latest: dict[InstanceIdentity, ServerSample] = {}
-                for s in samples:
-                    if s.instance not in latest or s.ts >= latest[s.instance].ts:
-                        latest[s.instance] = s
-                ids: dict[InstanceIdentity, int] = {}
-                for ident, s in latest.items():
-                    attrs = dict(
-                        last_seen=s.ts, version=s.version, model=",".join(s.model_names)[:1024] or None,
-                        first_connect=s.first_connect_ts, ready=s.ready_ts, prewarm_seconds=s.prewarm_seconds,
-                        prewarm_gpu_active_ratio=s.prewarm_gpu_active_ratio,
-                        prewarm_gpu_activity_source=s.prewarm_gpu_activity_source,
-                        ended=s.ts if s.ended else None, final_state=s.state.code if s.ended else None,
-                    )
-                    iid = self._ids.get((hostname, ident))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        self.write_rows([self.encode_sample(int(host_id), s) for s in samples])
+
+    def write_rows(self, rows: Sequence[VllmRow]) -> None:
+        """Store encoded samples (``encode_sample``) in one transaction: the instances (created
+        or updated with the newest start facts), their sample rows, per-engine rows and GPU
+        mapping. A sample already stored (same instance and time) is skipped."""
+        if not rows:
+            return
+        new_ids: dict[tuple[Any, ...], int] = {}
+        new_parts: set[tuple[str, int]] = set()  # cached only once the transaction commits
+        try:
+            with self.engine.begin() as conn:
+                latest: dict[tuple[Any, ...], VllmRow] = {}
+                for r in rows:
+                    key = instance_key(r)
+                    if key not in latest or r["sample"]["ts"] >= latest[key]["sample"]["ts"]:
+                        latest[key] = r
+                ids: dict[tuple[Any, ...], int] = {}
+                for key, r in latest.items():
+                    attrs = dict(r["start"], last_seen=r["sample"]["ts"])
+                    iid = self._ids.get(key)
                     if iid is None:
-                        iid = conn.scalar(select(_INSTANCES.c.id).where(_identity_filter(host_id, ident)))
+                        iid = conn.scalar(select(_INSTANCES.c.id).where(_identity_filter(r["host_id"], r["instance"])))
                     if iid is None:
                         iid = conn.execute(
-                            _INSTANCES.insert().values(
-                                host_id=host_id, address=ident.host, port=ident.port, url=ident.url,
-                                origin=ident.origin, pid=ident.pid, process_start=ident.process_start,
-                                first_seen=ident.first_seen, **attrs,
-                            )
+                            _INSTANCES.insert().values(host_id=r["host_id"], **r["instance"], **attrs)
                         ).inserted_primary_key[0]
                     else:
                         conn.execute(_INSTANCES.update().where(_INSTANCES.c.id == iid).values(**attrs))
-                    ids[ident] = int(iid)
-                    new_ids[(hostname, ident)] = int(iid)
+                    ids[key] = new_ids[key] = int(iid)
                 if conn.dialect.name == "postgresql":  # time tables are partitioned by day there
-                    days = {partitions.day_of(int(round(s.ts * 1000))) for s in samples}
+                    days = {partitions.day_of(int(round(r["sample"]["ts"] * 1000))) for r in rows}
                     for table in ("vllm_samples", "vllm_engine_samples"):
                         missing = {d for d in days if (table, d) not in self._partitions}
                         if missing:
                             partitions.ensure(conn, table, missing)
                             new_parts.update((table, d) for d in missing)
-                conn.execute(self._insert_samples, [self.sample_row(ids[s.instance], s) for s in samples])
+                conn.execute(self._insert_samples, [dict(r["sample"], instance_id=ids[instance_key(r)]) for r in rows])
                 engine_rows = [
-                    dict(
-                        instance_id=ids[s.instance], ts=s.ts, model_name=e.model_name or "", engine=e.engine or "",
-                        running=e.running, waiting=e.waiting, kv_cache_usage_ratio=e.kv_cache_usage_ratio,
-                    )
-                    for s in samples for e in s.engines
+                    dict(e, instance_id=ids[instance_key(r)], ts=r["sample"]["ts"]) for r in rows for e in r["engines"]
                 ]
                 if engine_rows:
                     conn.execute(self._insert_engines, engine_rows)
                 seen: dict[tuple[int, str], tuple[float, float]] = {}
-                for s in samples:
-                    for u in s.gpu_uuids:
-                        k = (ids[s.instance], u)
-                        lo, hi = seen.get(k, (s.ts, s.ts))
-                        seen[k] = (min(lo, s.ts), max(hi, s.ts))
+                for r in rows:
+                    ts = r["sample"]["ts"]
+                    for u in r["gpus"]:
+                        k = (ids[instance_key(r)], u)
+                        lo, hi = seen.get(k, (ts, ts))
+                        seen[k] = (min(lo, ts), max(hi, ts))
                 for (iid, u), (lo, hi) in seen.items():
                     c = _GPU_MAP.c
                     old = conn.execute(
@@ -147,7 +243,9 @@ class VllmRepository:
                             _GPU_MAP.update().where(and_(c.instance_id == iid, c.gpu_uuid == u)).values(last_seen=hi)
                         )
         except SQLAlchemyError as exc:
-            raise self._fail(exc) from None
+            if store_unavailable(exc):
+                raise self._fail(exc) from None
+            raise
         self._ids.update(new_ids)  # only ids of committed rows
         self._partitions.update(new_parts)
 
@@ -172,7 +270,10 @@ class VllmRepository:
         return out
 
     def samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Sample rows of one start, oldest first (``state`` as ``ServerState``)."""
+        """Sample rows of one start, oldest first: ``state`` as ``ServerState``, ``telemetry``
+        as its name (``None`` for rows stored before revision 0007), ``latency_unreliable`` as
+        the set of histogram names whose quantiles were flagged (read latencies for alerting
+        through ``vgpumon.model.vllm.latency_for_alerts``)."""
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -185,6 +286,9 @@ class VllmRepository:
             d = dict(r)
             d["state"] = ServerState.from_code(d["state"])
             d["prefix_cache_unit"] = PREFIX_CACHE_UNIT_NAMES.get(d["prefix_cache_unit"])
+            d["telemetry"] = TELEMETRY_NAMES.get(d["telemetry"])
+            mask = d["latency_unreliable"] or 0
+            d["latency_unreliable"] = frozenset(h for h, bit in LATENCY_HISTOGRAMS.items() if mask & bit)
             out.append(d)
         return out
 

@@ -12,7 +12,7 @@ from sqlalchemy import Column, ForeignKey, Integer, SmallInteger, String, Table,
 from sqlalchemy.orm import Mapped, mapped_column
 
 from vgpumon.catalogue import core
-from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS
+from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS, TELEMETRY_CODES
 from vgpumon.store.schema import Base, EpochMillis, catalogue_columns, column_type
 
 RATIO = column_type(core.RATIO)
@@ -58,6 +58,13 @@ class VllmSampleRow(Base):
     ``vgpumon.model.ServerSample`` and docs/metrics.md).
 
     ``state`` is ``ServerState.code``; ``prefix_cache_unit`` 1 = tokens, 2 = blocks.
+
+    From revision 0007: ``reason`` (why the state, e.g. "engine lost (pid 812 gone)", "poll
+    failed: …"), ``metrics_error`` (why ``/metrics`` gave no reading: "too large", "HTTP 500",
+    …), ``telemetry`` (``TELEMETRY_CODES``: full, limited, partial, down), ``metric_lines_dropped``
+    (lines of ``/metrics`` that could not be read; NULL when no body was read) and
+    ``latency_unreliable`` (bit per histogram whose quantiles cannot be true,
+    ``vgpumon.model.vllm.LATENCY_HISTOGRAMS``; 0 when none) with its ``latency_unreliable_reason``.
     """
 
     __table__ = Table(
@@ -100,3 +107,4 @@ class VllmGpuMapRow(Base):
 
 
 PREFIX_CACHE_UNIT_NAMES = {v: k for k, v in PREFIX_CACHE_UNITS.items()}
+TELEMETRY_NAMES = {v: k for k, v in TELEMETRY_CODES.items()}

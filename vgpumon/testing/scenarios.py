@@ -14,21 +14,55 @@ of the transformations below, so every value a test sees was once answered by a 
   or ``{"e": code}``) in the given ticks, replacing the recorded answer or adding one; for
   values seen in the wild on other boards (utilization 4294967295, a counter reset by a driver
   reload, XID 79, MIG mode), injected into real ticks.
+* ``retime(factor)`` — the ticks' timestamps (and the XID times in them) moved closer together
+  (``factor`` < 1) or further apart around the first tick: the same readings at another pace, for
+  replays at recorded pace.
+
+Transformations are lazy: each returns ticks that are computed as they are read, tick by tick,
+and can be read again when their input can (a list, or another transformation's output). Long
+and wide captures (8 GPUs × 4 h from the 76-tick H200 capture) therefore cost the memory of a
+tick, not of the capture; only ``repeat`` keeps its input's ticks (one pass) in memory, so put
+it first.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Sequence
+import itertools
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
+from vgpumon.sources.nvml_backend import ReplayBackend, iter_capture
 
-Ticks = list[dict[str, Any]]
+Ticks = Iterable[dict[str, Any]]
+
+
+class _Lazy:
+    """Ticks computed on each iteration by ``make`` (re-iterable when ``make``'s input is).
+    ``len`` and indexing work too, by reading up to what they need (tests use them)."""
+
+    def __init__(self, make: Callable[[], Iterator[dict[str, Any]]]) -> None:
+        self._make = make
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._make()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i < 0:
+            return list(self)[i]
+        try:
+            return next(itertools.islice(self, i, None))
+        except StopIteration:
+            raise IndexError(i) from None
 
 
 def load(path: str) -> tuple[dict[str, Any], Ticks]:
-    """Read a capture as ``(header, ticks)`` for transformation."""
-    return read_capture(path)
+    """Open a capture as ``(header, ticks)`` for transformation; ticks are read from the file
+    each time they are iterated."""
+    header, _ = iter_capture(path)
+    return header, _Lazy(lambda: iter_capture(path)[1])
 
 
 def _relabel(fn: str, value: Any, index: int) -> Any:
@@ -42,10 +76,14 @@ def _relabel(fn: str, value: Any, index: int) -> Any:
     return value
 
 
+def _per_tick(ticks: Ticks, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Ticks:
+    return _Lazy(lambda: (fn(t) for t in ticks))
+
+
 def replicate_devices(header: dict[str, Any], ticks: Ticks, n: int) -> tuple[dict[str, Any], Ticks]:
     """Answer every call of device 0 for devices ``0..n-1`` (see module docstring)."""
-    out = []
-    for tick in ticks:
+
+    def one(tick: dict[str, Any]) -> dict[str, Any]:
         calls = []
         for scope, fn, args, kwargs, outcome in tick["calls"]:
             if scope == "sys" and fn == "nvmlDeviceGetCount" and "v" in outcome:
@@ -58,8 +96,9 @@ def replicate_devices(header: dict[str, Any], ticks: Ticks, n: int) -> tuple[dic
                     calls.append([i, fn, args, kwargs, oc])
             elif scope == "sys" or isinstance(scope, int) and scope >= n:
                 calls.append([scope, fn, args, kwargs, outcome])
-        out.append({**tick, "calls": calls})
-    return {**header, "derived": f"replicate_devices({n})"}, out
+        return {**tick, "calls": calls}
+
+    return {**header, "derived": f"replicate_devices({n})"}, _per_tick(ticks, one)
 
 
 def fail_call(
@@ -69,8 +108,8 @@ def fail_call(
     """Make ``fn`` (``"*"`` = every device call) answer error ``code`` on ``devices`` for ticks
     ``from_tick <= tick < until_tick``."""
     devs = None if devices is None else set(devices)
-    out = []
-    for tick in ticks:
+
+    def one(tick: dict[str, Any]) -> dict[str, Any]:
         active = tick["tick"] >= from_tick and (until_tick is None or tick["tick"] < until_tick)
         calls = []
         for scope, f, args, kwargs, outcome in tick["calls"]:
@@ -79,22 +118,51 @@ def fail_call(
             if active and (device_match or named_match):
                 outcome = {"e": code}
             calls.append([scope, f, args, kwargs, outcome])
-        out.append({**tick, "calls": calls})
-    return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, out
+        return {**tick, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, _per_tick(ticks, one)
 
 
 def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, Any], Ticks]:
-    """The ticks ``times`` times in a row (see module docstring)."""
-    body = [t for t in ticks if t["tick"] >= 0]
-    init = [t for t in ticks if t["tick"] < 0]
+    """The ticks ``times`` times in a row (see module docstring); one pass of the input is kept
+    in memory, the passes are made as they are read."""
+    everything = list(ticks)
+    body = [t for t in everything if t["tick"] >= 0]
+    init = [t for t in everything if t["tick"] < 0]
     if not body:
-        return header, ticks
+        return header, everything
     span = body[-1]["ts"] - body[0]["ts"] + (body[1]["ts"] - body[0]["ts"] if len(body) > 1 else 1.0)
-    out = list(init)
-    for k in range(times):
-        for t in body:
-            out.append({**t, "tick": k * len(body) + t["tick"], "ts": t["ts"] + k * span})
-    return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, out
+
+    def passes() -> Iterator[dict[str, Any]]:
+        yield from init
+        for k in range(times):
+            for t in body:
+                yield {**t, "tick": k * len(body) + t["tick"], "ts": t["ts"] + k * span}
+
+    return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, _Lazy(passes)
+
+
+def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[str, Any], Ticks]:
+    """Every tick's timestamp (and the XID event times it carries) scaled by ``factor`` around
+    the first tick's: ``factor`` 0.1 replays at recorded pace ten times faster."""
+
+    def make() -> Iterator[dict[str, Any]]:
+        t0: float | None = None
+        for tick in ticks:
+            if t0 is None:
+                t0 = tick["ts"]
+
+            def at(ts: float) -> float:
+                return t0 + (ts - t0) * factor  # type: ignore[operator]
+
+            calls = []
+            for scope, fn, args, kwargs, outcome in tick["calls"]:
+                if fn == "xid_poll" and isinstance(outcome.get("v"), list):
+                    outcome = {"v": [{**e, "ts": at(e["ts"])} for e in outcome["v"]]}
+                calls.append([scope, fn, args, kwargs, outcome])
+            yield {**tick, "ts": at(tick["ts"]) if tick["ts"] is not None else None, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} retime({factor})".strip()}, _Lazy(make)
 
 
 def set_call(
@@ -112,8 +180,8 @@ def set_call(
     init block); the recorded answer is replaced, or the answer added if the tick had none."""
     wanted = set(at)
     kwargs = kwargs or {}
-    out = []
-    for tick in ticks:
+
+    def one(tick: dict[str, Any]) -> dict[str, Any]:
         calls = [list(c) for c in tick["calls"]]
         if tick["tick"] in wanted:
             hits = [c for c in calls if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs]
@@ -121,8 +189,9 @@ def set_call(
                 c[4] = copy.deepcopy(outcome)
             if not hits:
                 calls.append([scope, fn, list(args), dict(kwargs), copy.deepcopy(outcome)])
-        out.append({**tick, "calls": calls})
-    return {**header, "derived": f"{header.get('derived', '')} set_call({scope}, {fn})".strip()}, out
+        return {**tick, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} set_call({scope}, {fn})".strip()}, _per_tick(ticks, one)
 
 
 def edit_call(
@@ -140,23 +209,24 @@ def edit_call(
     ``at``; ticks where the call was not made or answered an error are left alone."""
     wanted = set(at)
     kwargs = kwargs or {}
-    out = []
-    for tick in ticks:
+
+    def one(tick: dict[str, Any]) -> dict[str, Any]:
         calls = [list(c) for c in tick["calls"]]
         if tick["tick"] in wanted:
             for c in calls:
                 if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs and "v" in c[4]:
                     c[4] = {"v": edit(copy.deepcopy(c[4]["v"]))}
-        out.append({**tick, "calls": calls})
-    return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, out
+        return {**tick, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, _per_tick(ticks, one)
 
 
-def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBackend:
-    """A replay backend over transformed ticks."""
+def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:
+    """A replay backend over transformed ticks (read as the replay goes)."""
     return ReplayBackend(header=header, ticks=ticks)
 
 
-def write(path: Any, header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> None:
+def write(path: Any, header: dict[str, Any], ticks: Ticks) -> None:
     """Write a (transformed) capture to a file that ``vgpumon agent --replay`` reads."""
     import json
     from pathlib import Path

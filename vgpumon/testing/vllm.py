@@ -18,6 +18,22 @@ from aiohttp import web
 from vgpumon.sources.vllm.discovery import ProcessUsage, VllmProcess
 
 
+def with_adapters(body: str, target_bytes: int, model: str = "tiny") -> bytes:
+    """A recorded scrape grown to ``target_bytes``: its ``vllm:`` samples of ``model`` repeated
+    under ``model_name="lora-1"``, ``"lora-2"``, … (each LoRA adapter gets its own series, as on
+    a server with many adapters), for the size and memory limits of the scraper."""
+    lines = [ln for ln in body.splitlines() if ln.startswith("vllm:") and f'model_name="{model}"' in ln]
+    out = [body if body.endswith("\n") else body + "\n"]
+    size = len(out[0])
+    k = 0
+    while size < target_bytes and lines:
+        k += 1
+        block = "\n".join(ln.replace(f'model_name="{model}"', f'model_name="lora-{k}"') for ln in lines) + "\n"
+        out.append(block)
+        size += len(block)
+    return "".join(out).encode()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (connections to it are refused)."""
     with socket.socket() as s:

@@ -10,12 +10,18 @@ Both follow Prometheus semantics so that a value here matches what ``rate()`` an
   previous one, or whose counts went down, is a reset (its own counts are the interval's);
 * a quantile is interpolated linearly inside its bucket; one that falls in the ``+Inf`` bucket is
   the highest finite bound (a lower bound of the truth).
+
+Quantiles that cannot be true are kept but flagged (``implausible``): a histogram whose ``_sum``
+contradicts its buckets, or whose interpolated quantiles exceed what its mean allows. vLLM builds
+with broken timing produce exactly that (vllm issue 8115: 8060 TTFTs all in the first bucket,
+``le="0.1"``, with a ``_sum`` of 0.587 s, a mean of 73 µs, read as p50/p95/p99 of
+0.05/0.095/0.099 s; vllm issue 6337: every TTFT in the 1 ms bucket, "always 0 seconds").
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from vgpumon.sources.vllm.metrics import Histogram, MetricsReading
 
@@ -38,26 +44,85 @@ def counter_rate(prev: float | None, cur: float | None, seconds: float | None) -
     return inc / seconds
 
 
+def histogram_reset(prev: Histogram | None, cur: Histogram) -> bool:
+    """Whether ``cur`` starts over rather than continuing ``prev``: no previous scrape of the
+    series, other bucket bounds (the server restarted with other buckets), or a count that went
+    down."""
+    if prev is None:
+        return True
+    pb = dict(prev.buckets)
+    if set(pb) != {le for le, _ in cur.buckets}:
+        return True
+    return any(c < pb[le] for le, c in cur.buckets)
+
+
 def histogram_delta(prev: Histogram | None, cur: Histogram) -> tuple[tuple[float, float], ...]:
     """Cumulative bucket counts of the interval between ``prev`` and ``cur``.
 
     Returns:
-        ``(le, cumulative count)`` pairs; ``cur``'s own counts when there is no previous scrape
-        of this series... callers skip that case (no interval yet); on a reset (bounds changed,
-        or a count went down) also ``cur``'s counts.
+        ``(le, cumulative count)`` pairs; ``cur``'s own counts when ``histogram_reset`` (callers
+        skip the case without a previous scrape: no interval yet).
     """
-    if prev is None:
+    if prev is None or histogram_reset(prev, cur):
         return cur.buckets
     pb = dict(prev.buckets)
-    if set(pb) != {le for le, _ in cur.buckets}:
-        return cur.buckets  # bounds changed: the server restarted with other buckets
-    out = []
-    for le, c in cur.buckets:
-        d = c - pb[le]
-        if d < 0:
-            return cur.buckets
-        out.append((le, d))
-    return tuple(out)
+    return tuple((le, c - pb[le]) for le, c in cur.buckets)
+
+
+def interval_sum(prev: Histogram | None, cur: Histogram) -> float | None:
+    """``_sum`` of the interval (the histogram's unit); ``None`` when a scrape has no ``_sum``."""
+    if cur.total is None:
+        return None
+    if prev is None or histogram_reset(prev, cur):
+        return cur.total
+    if prev.total is None:
+        return None
+    return cur.total - prev.total
+
+
+def implausible(buckets: Sequence[tuple[float, float]], total: float | None, quantiles: Mapping[float, float | None]) -> str | None:
+    """Why an interval's latency quantiles cannot be true, or ``None`` when nothing says so.
+
+    Two checks, both exact for a quantity that is never negative (a latency):
+
+    * every observation lies in its bucket ``(lower, le]`` (the first bucket's lower bound is 0),
+      so ``_sum`` lies between Σ count × lower and Σ count × le (no upper bound when some fall in
+      ``+Inf``). Outside that, the buckets and the sum cannot both be true (negative durations from
+      mixed clocks, a sum reset apart from its buckets);
+    * Markov's inequality: at most a share 1 − q of the observations reach mean / (1 − q), so the
+      q-quantile is at most that (the median at most twice the mean). An interpolated quantile
+      above it is an artefact of interpolation, not a measurement: what vLLM's broken timing
+      gives (everything in the lowest bucket, a sum far too small for the count).
+
+    Args:
+        buckets: the interval's cumulative ``(le, count)`` pairs, sorted by ``le``.
+        total: the interval's ``_sum``; ``None`` (no ``_sum`` sample) checks nothing.
+        quantiles: q → the quantile computed from ``buckets``.
+    """
+    if total is None or not buckets:
+        return None
+    n = buckets[-1][1] if math.isinf(buckets[-1][0]) else max(c for _, c in buckets)
+    if n <= 0:
+        return None
+    lo = hi = 0.0
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        k = c - prev_c
+        if k > 0:
+            lo += k * max(prev_le, 0.0)
+            hi += k * le  # +Inf once an observation lies beyond the last finite bound
+        prev_le, prev_c = le, c
+    tol = 1e-9 + 1e-6 * max(abs(lo), abs(total), 0.0 if math.isinf(hi) else abs(hi))
+    if total < lo - tol or total > hi + tol:
+        upper = "∞" if math.isinf(hi) else f"{hi:.3g}"
+        return f"_sum {total:.3g} s outside what its buckets allow ({lo:.3g}…{upper} s for {n:g} observations)"
+    mean = total / n
+    for q, v in sorted(quantiles.items()):
+        if v is not None and v > mean / (1.0 - q) + tol:
+            first = buckets[0]
+            where = f"; all {n:g} in the lowest bucket (≤ {first[0]:g} s)" if first[1] >= n else ""
+            return f"p{q * 100:g} {v:.3g} s above what the mean {mean:.3g} s allows ({mean / (1.0 - q):.3g} s){where}"
+    return None
 
 
 def merge_cumulative(parts: Sequence[Sequence[tuple[float, float]]]) -> tuple[tuple[float, float], ...]:
@@ -113,7 +178,7 @@ class IntervalDeriver:
         self._prev: MetricsReading | None = None
         self._prev_ts: float | None = None
 
-    def step(self, ts: float, reading: MetricsReading) -> dict[str, float | None]:
+    def step(self, ts: float, reading: MetricsReading) -> dict[str, Any]:
         """Figures for the interval that ends with ``reading`` at ``ts`` (epoch seconds).
 
         Returns:
@@ -124,11 +189,12 @@ class IntervalDeriver:
             generation token increase; ``None`` without counters), and ``<hist>_p50_seconds`` /
             ``_p95_`` / ``_p99_`` for ``ttft``, ``itl``, ``e2e``, ``queue``. ``None`` for the first
             scrape (no interval yet), for absent metrics, and for quantiles of an interval
-            without observations.
+            without observations. ``latency_unreliable``: histogram name → why its quantiles
+            cannot be true (``implausible``), for the histograms that say so (empty otherwise).
         """
         prev, prev_ts = self._prev, self._prev_ts
         self._prev, self._prev_ts = reading, ts
-        out: dict[str, float | None] = {}
+        out: dict[str, Any] = {}
         dt = None if prev_ts is None else ts - prev_ts
 
         def series_increase(canon: str) -> float | None:
@@ -162,18 +228,30 @@ class IntervalDeriver:
         out["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
         p_inc, g_inc = series_increase("prompt_tokens"), series_increase("generation_tokens")
         out["tokens_advanced"] = None if p_inc is None and g_inc is None else (p_inc or 0.0) + (g_inc or 0.0)
+        unreliable: dict[str, str] = {}
         for hist in ("ttft", "itl", "e2e", "queue"):
             parts = []
+            sums: list[float | None] = []
             if prev is not None:
                 for key, s in reading.series.items():
                     h = s.histograms.get(hist)
                     if h is None or not h.buckets:
                         continue
                     p = prev.series.get(key)
-                    parts.append(histogram_delta(p.histograms.get(hist) if p else None, h))
+                    ph = p.histograms.get(hist) if p else None
+                    parts.append(histogram_delta(ph, h))
+                    sums.append(interval_sum(ph, h))
             merged = merge_cumulative(parts)
-            for q in QUANTILES:
-                out[f"{hist}_p{int(q * 100)}_seconds"] = quantile(q, merged)
+            qs = {q: quantile(q, merged) for q in QUANTILES}
+            for q, v in qs.items():
+                out[f"{hist}_p{int(q * 100)}_seconds"] = v
+            # the sums of the series merge_cumulative kept (same bounds as the first)
+            kept = [t for part, t in zip(parts, sums) if parts and [le for le, _ in part] == [le for le, _ in parts[0]]]
+            total = None if not kept or any(t is None for t in kept) else float(sum(kept))  # type: ignore[arg-type]
+            why = implausible(merged, total, qs) if any(v is not None for v in qs.values()) else None
+            if why is not None:
+                unreliable[hist] = why
+        out["latency_unreliable"] = unreliable
         return out
 
 

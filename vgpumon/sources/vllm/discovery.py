@@ -10,6 +10,13 @@ Port: ``--port N`` / ``--port=N`` from the command line, else the single TCP por
 listens on, else vLLM's default 8000. Host: ``--host`` unless it is a wildcard address
 (``0.0.0.0``, ``::``, empty), in which case the agent talks to 127.0.0.1. Servers on a Unix
 socket (``--uds``) are not scraped.
+
+Engine processes: the descendants that do the serving, whose loss leaves an API process that may
+go on answering ``/health`` 200 (always in 0.2.x and V1 0.8.x, FACTS §5) while nothing can be
+served. vLLM titles them (setproctitle): ``VLLM::EngineCore``, ``VLLM::Worker…``,
+``VLLM::DPCoordinator`` (0.32.0 shows the first two). Builds that set no title start them with
+Python ``multiprocessing``: a spawned child runs ``… spawn_main(…) --multiprocessing-fork``, a
+forked one keeps the server's own command line. The multiprocessing resource tracker is not one.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class VllmProcess:
         pids: the server and all its descendants (engine cores, workers), for the GPU mapping
             and the RSS/CPU figures.
         cmdline: the command line, for display.
+        engine_pids: the descendants that are engine processes (see module docstring) and are
+            alive (zombies left out), for "engine lost".
     """
 
     pid: int
@@ -46,6 +55,7 @@ class VllmProcess:
     port: int
     pids: tuple[int, ...]
     cmdline: tuple[str, ...] = ()
+    engine_pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,24 @@ def is_vllm_server(cmdline: Sequence[str]) -> bool:
     return False
 
 
+def is_engine_process(name: str, cmdline: Sequence[str]) -> bool:
+    """Whether a descendant of a vLLM server is one of its engine processes (module docstring).
+
+    Args:
+        name: the process name (``comm``, 15 characters; ``VLLM::EngineCor`` for a titled one).
+        cmdline: its arguments as ``/proc/<pid>/cmdline`` shows them (the title, once set).
+    """
+    first = cmdline[0] if cmdline else ""
+    if name.startswith("VLLM::") or first.startswith("VLLM::"):
+        return True
+    joined = " ".join(cmdline)
+    if "multiprocessing.resource_tracker" in joined or "multiprocessing.forkserver" in joined:
+        return False
+    if "spawn_main" in joined or "--multiprocessing-fork" in cmdline:
+        return True
+    return is_vllm_server(cmdline)
+
+
 def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tuple[str, int]:
     """Where the server answers HTTP, from its command line (see module docstring).
 
@@ -126,7 +154,27 @@ class PsutilProcessTable:
     def __init__(self, full_every: int = 15) -> None:
         self.full_every = max(1, full_every)
         self._verdict: dict[int, bool] = {}
+        self._engine_verdict: dict[tuple[int, float], bool] = {}  # (pid, start) → engine process
         self._scans = 0
+
+    def _engines(self, tree: Sequence[psutil.Process]) -> tuple[int, ...]:
+        """The live engine processes among a server's descendants; a command line is read once
+        per process start, the state (zombie or not) every scan."""
+        out = []
+        for q in tree:
+            try:
+                with q.oneshot():
+                    if q.status() == psutil.STATUS_ZOMBIE:
+                        continue  # killed, not yet reaped by the API process: gone for serving
+                    key = (q.pid, q.create_time())
+                    verdict = self._engine_verdict.get(key)
+                    if verdict is None:
+                        verdict = self._engine_verdict[key] = is_engine_process(q.name(), q.cmdline())
+            except psutil.Error:
+                continue
+            if verdict:
+                out.append(q.pid)
+        return tuple(out)
 
     def scan(self) -> list[VllmProcess]:
         full = self._scans % self.full_every == 0
@@ -155,12 +203,15 @@ class PsutilProcessTable:
             except (psutil.Error, TypeError):
                 continue
         out = []
+        engine_keys: set[tuple[int, float]] = set()
         for pid, p in found.items():
             try:
                 if any(a.pid in found for a in p.parents()):
                     continue  # an extra API server or a helper of a server we already have
                 cmdline = tuple(p.info["cmdline"] or ())
-                tree = [p] + p.children(recursive=True)
+                children = p.children(recursive=True)
+                tree = [p] + children
+                engines = self._engines(children)
                 listening: list[int] = []
                 if _arg(cmdline, "--port") is None:
                     try:
@@ -173,11 +224,13 @@ class PsutilProcessTable:
                 out.append(
                     VllmProcess(
                         pid=pid, create_time=p.create_time(), host=host, port=port,
-                        pids=tuple(q.pid for q in tree), cmdline=cmdline,
+                        pids=tuple(q.pid for q in tree), cmdline=cmdline, engine_pids=engines,
                     )
                 )
+                engine_keys.update(k for k in self._engine_verdict if k[0] in {q.pid for q in children})
             except psutil.Error:
                 continue  # exited while we looked
+        self._engine_verdict = {k: v for k, v in self._engine_verdict.items() if k in engine_keys}
         return out
 
     def usage(self, pids: Sequence[int]) -> ProcessUsage | None:

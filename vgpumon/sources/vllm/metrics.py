@@ -1,9 +1,21 @@
 """Read one vLLM ``/metrics`` scrape into canonical fields, whatever the vLLM version (0.2 → 0.33).
 
-Parsing is prometheus-client's (``prometheus_client.parser`` for the classic text format,
-``prometheus_client.openmetrics.parser`` when the server answers OpenMetrics); this module only
-maps names. It works on *samples*, not families, because a fragment without ``# TYPE`` lines
-comes back as one untyped family per line (vllm PR 11117's capture).
+Sample lines are parsed by prometheus-client (``prometheus_client.parser``); this module only maps
+names. It works on *samples*, not families, because a fragment without ``# TYPE`` lines comes back
+as one untyped family per line (vllm PR 11117's capture), and it reads the body line by line:
+
+* **Streaming, bounded memory.** The body (bytes, up to the response limit) is never decoded or
+  parsed as a whole: each line is decoded and parsed on its own and only ``vllm:`` samples are
+  kept (reduced at once, see below). Parsing the whole text into families first cost 14 times the
+  body (107 MiB for a 7.9 MB body of 246 LoRA adapters' series); docs/benchmarks.md has the
+  figure now.
+* **Partial telemetry.** A line that is not UTF-8, or that the parser refuses, is dropped and
+  counted (``MetricsReading.lines_dropped``); the rest is read. Only a body of which no line can
+  be read is unparseable.
+* ``# TYPE`` lines are read for two things only: a ``vllm:`` family declared without samples
+  still means "vLLM metrics on", and a counter declared without ``_total`` has its samples named
+  with ``_total`` (what prometheus-client does for a whole text; aioprometheus builds, vllm PR
+  1890). The sample syntax of OpenMetrics is the text format's, so both are read alike.
 
 Rules (FACTS §5):
 
@@ -22,10 +34,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterator, Mapping
 
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as _openmetrics_families
-from prometheus_client.parser import text_string_to_metric_families as _text_families
+from prometheus_client.parser import text_fd_to_metric_families
 
 PREFIX = "vllm:"
 
@@ -147,6 +158,8 @@ class MetricsReading:
         sleep_state: ``"awake"`` when every series reports awake, else the first other state
             (``"weights_offloaded"``, ``"discard_all"``, or ``"level_N"`` for unlabelled values);
             ``None`` before 0.12 (no such metric).
+        lines_dropped: lines of the body that could not be read (not UTF-8, or refused by the
+            parser) and were left out: more than 0 makes the telemetry partial.
     """
 
     has_vllm: bool
@@ -155,6 +168,7 @@ class MetricsReading:
     series: Mapping[SeriesKey, EngineReading]
     cache: CacheConfig | None
     sources: Mapping[str, str]
+    lines_dropped: int = 0
 
     def gauge_total(self, name: str) -> float | None:
         """Sum of a canonical gauge over series; ``None`` when no series has it."""
@@ -246,54 +260,120 @@ def _cache_config(labels: Mapping[str, str | None]) -> CacheConfig:
     )
 
 
-def families(text: str, *, openmetrics: bool = False) -> Iterable[object]:
-    """Parse with prometheus-client; raises ``MetricsParseError`` on malformed input."""
-    parse = _openmetrics_families if openmetrics else _text_families
-    try:
-        return list(parse(text))
-    except Exception as exc:  # noqa: BLE001 - the parser raises ValueError, KeyError, IndexError, TypeError...
-        raise MetricsParseError(f"unparseable /metrics: {type(exc).__name__}: {str(exc)[:200]}") from None
+class _Lines:
+    """The sample lines of a body, decoded one by one (``str`` bodies are taken as they are).
+
+    Comment lines are not handed on: ``# TYPE``/``# HELP`` of a ``vllm:`` family set ``has_vllm``
+    and counters declared without ``_total`` are noted (``counters``). A line that is not UTF-8
+    is counted in ``dropped``; so is the line the parser refuses (``refused``: the last line
+    handed on). ``given`` counts the lines handed on and read.
+    """
+
+    def __init__(self, body: bytes | bytearray | str) -> None:
+        self.body = body
+        self.dropped = 0
+        self.given = 0
+        self.has_vllm = False
+        self.counters: set[str] = set()
+
+    def _raw(self) -> Iterator[Any]:
+        buf, start, n = self.body, 0, len(self.body)
+        newline = "\n" if isinstance(buf, str) else b"\n"
+        while start < n:  # slices of one line at a time: no second copy of the whole body
+            end = buf.find(newline, start)  # type: ignore[arg-type]
+            if end < 0:
+                end = n
+            yield buf[start:end]
+            start = end + 1
+
+    def __iter__(self) -> Iterator[str]:
+        for raw in self._raw():
+            if isinstance(raw, str):
+                line = raw.strip()
+            else:
+                try:
+                    line = bytes(raw).decode("utf-8").strip()
+                except UnicodeDecodeError:
+                    self.dropped += 1
+                    continue
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(PREFIX):
+                    self.has_vllm = True  # a family without samples (vllm PR 1890) still says "on"
+                    if parts[1] == "TYPE" and len(parts) == 4 and parts[3].strip() == "counter" and not parts[2].endswith("_total"):
+                        self.counters.add(parts[2])
+                continue
+            self.given += 1
+            yield line
+
+    def refused(self) -> None:
+        self.dropped += 1
+        self.given -= 1  # handed on, but not read
 
 
-def parse_metrics(text: str, *, openmetrics: bool = False) -> MetricsReading:
+def _samples(lines: _Lines) -> Iterator[Any]:
+    """Every sample of the body, parsed line by line by prometheus-client: comment lines are
+    withheld, so each sample comes back at once as its own family and nothing accumulates. After
+    a line the parser refuses, parsing resumes with the next line."""
+    feed = iter(lines)
+    while True:
+        try:
+            for fam in text_fd_to_metric_families(feed):  # type: ignore[arg-type]
+                yield from fam.samples  # type: ignore[attr-defined]
+            return
+        except Exception:  # noqa: BLE001 - the parser raises ValueError, KeyError, IndexError, TypeError...
+            lines.refused()
+
+
+def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -> MetricsReading:
     """Read a ``/metrics`` body into canonical fields.
 
     Args:
-        text: the body (Prometheus text format 0.0.4, or OpenMetrics 1.0 with ``openmetrics``).
-        openmetrics: parse as OpenMetrics (the server answered ``application/openmetrics-text``).
+        body: the body as received (bytes; a ``str`` is read as already decoded), Prometheus
+            text format 0.0.4 or OpenMetrics 1.0 (same sample syntax).
+        openmetrics: the server answered ``application/openmetrics-text`` (read alike).
 
     Returns:
-        The reading; absent metrics are ``None``/missing keys, never 0.
+        The reading; absent metrics are ``None``/missing keys, never 0. Lines that could not
+        be read are left out and counted (``lines_dropped``).
 
     Raises:
-        MetricsParseError: the body is not valid exposition text.
+        MetricsParseError: not a single line of the body could be read (garbage, HTML, ...).
     """
-    # name → reduced label set (frozenset without pid) → max value
-    samples: dict[str, dict[frozenset[tuple[str, str | None]], float]] = {}
+    del openmetrics  # one sample syntax for both formats (module docstring)
+    # name → reduced label set (sorted (label, value) pairs, pid left out) → max value. Pairs are
+    # shared (one tuple per distinct pair) and keys are tuples, not frozensets: what a reading
+    # keeps of a large body is most of what reading it costs (docs/benchmarks.md).
+    samples: dict[str, dict[tuple[tuple[str, str | None], ...], float]] = {}
+    pairs: dict[tuple[str, str | None], tuple[str, str | None]] = {}
     engines: set[str] = set()
     models: set[str] = set()
-    has_vllm = False
-    for fam in families(text, openmetrics=openmetrics):
-        if fam.name.startswith(PREFIX):  # type: ignore[attr-defined]
-            has_vllm = True  # a family without samples (vllm PR 1890) still says "vLLM metrics on"
-        for s in fam.samples:  # type: ignore[attr-defined]
-            name: str = s.name
-            if not name.startswith(PREFIX):
-                continue
-            if name.endswith("_created"):
-                continue
-            value = float(s.value)
-            if math.isnan(value):
-                continue
-            labels = {k: _label(v) for k, v in s.labels.items() if k != "pid"}
-            if labels.get("engine") is not None:
-                engines.add(labels["engine"])  # type: ignore[arg-type]
-            if labels.get("model_name") is not None:
-                models.add(labels["model_name"])  # type: ignore[arg-type]
-            key = frozenset(labels.items())
-            by_labels = samples.setdefault(name, {})
-            prev = by_labels.get(key)
-            by_labels[key] = value if prev is None else max(prev, value)
+    lines = _Lines(body)
+    for s in _samples(lines):
+        name: str = s.name
+        if name in lines.counters:
+            name += "_total"
+        if not name.startswith(PREFIX):
+            continue
+        if name.endswith("_created"):
+            continue
+        value = float(s.value)
+        if math.isnan(value):
+            continue
+        labels = {k: _label(v) for k, v in s.labels.items() if k != "pid"}
+        if labels.get("engine") is not None:
+            engines.add(labels["engine"])  # type: ignore[arg-type]
+        if labels.get("model_name") is not None:
+            models.add(labels["model_name"])  # type: ignore[arg-type]
+        key = tuple(pairs.setdefault(kv, kv) for kv in sorted(labels.items()))
+        by_labels = samples.setdefault(name, {})
+        prev = by_labels.get(key)
+        by_labels[key] = value if prev is None else max(prev, value)
+    if lines.dropped and not lines.given:
+        raise MetricsParseError(f"unparseable /metrics: none of its {lines.dropped} lines could be read")
+    has_vllm = lines.has_vllm or bool(samples)
 
     gauges: dict[SeriesKey, dict[str, float]] = {}
     counters: dict[SeriesKey, dict[str, float]] = {}
@@ -368,6 +448,7 @@ def parse_metrics(text: str, *, openmetrics: bool = False) -> MetricsReading:
         series=series,
         cache=cache,
         sources=sources,
+        lines_dropped=lines.dropped,
     )
 
 

@@ -89,7 +89,7 @@ class GpuActivityLog:
 @dataclass
 class _Reply:
     status: int | None = None
-    body: bytes | None = None
+    body: bytes | bytearray | None = None
     error: str | None = None
     content_type: str = ""
 
@@ -117,6 +117,9 @@ class _Server:
     gpus_seen: set[str] = field(default_factory=set)
     prewarm_activity: tuple[float, str] | None = None
     last: ServerSample | None = None
+    process: VllmProcess | None = None  # as last discovered (None for static targets)
+    engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
+    partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -136,7 +139,7 @@ class VllmSource:
             so that tests drive time.
         interval: seconds between polls in ``run``.
         request_timeout: per-request timeout in seconds (connect + full body).
-        max_response_bytes: larger bodies are errors (``"too_large"``), read no further.
+        max_response_bytes: larger bodies are errors (``"too large"``), read no further.
         hang_after: scrapes with work queued and token counters flat before "hung".
         session: an aiohttp session to use (created on first poll otherwise, closed by
             ``close``).
@@ -202,18 +205,23 @@ class VllmSource:
         now = self.clock()
         try:
             found: Sequence[VllmProcess] = await self._offload(self.processes.scan)
+            live = {(p.host, p.port): p for p in found}
         except Exception as exc:  # noqa: BLE001 - a broken process table must not stop scraping
             log.warning("vLLM discovery failed: %s", exc)
-            found = []
-        live = {(p.host, p.port): p for p in found}
+            # nothing is known of the discovered servers this poll: keep them as they were
+            live = {k: s.process for k, s in self._servers.items() if s.process is not None}
         out: list[ServerSample] = []
         for key, srv in list(self._servers.items()):
             if srv.identity.origin != "discovered":
                 continue
             p = live.get(key)
             if p is None or (p.pid, p.create_time) != (srv.identity.pid, srv.identity.process_start):
-                out.append(self._ended(srv, now))
                 del self._servers[key]
+                try:
+                    out.append(self._ended(srv, now))
+                except Exception as exc:  # noqa: BLE001 - one server's failure costs only its own sample
+                    log.exception("vLLM server %s: final sample failed", srv.identity.url)
+                    out.extend(self._failed(srv, now, exc))
         for key, p in live.items():
             srv = self._servers.get(key)
             if srv is None:
@@ -225,6 +233,7 @@ class VllmSource:
                 self._servers[key] = srv
                 log.info("vLLM server found: pid %d on %s", p.pid, ident.url)
             srv.pids = p.pids
+            srv.process = p
         for url in self.static_urls:
             key = _key_of_url(url)
             if key not in self._servers:
@@ -236,12 +245,25 @@ class VllmSource:
         samples = await asyncio.gather(*(self._poll_one(s, now) for s in servers), return_exceptions=True)
         for srv, smp in zip(servers, samples):
             if isinstance(smp, BaseException):
-                if isinstance(smp, asyncio.CancelledError):
+                if isinstance(smp, asyncio.CancelledError) or not isinstance(smp, Exception):
                     raise smp
-                log.exception("vLLM poll of %s failed", srv.identity.url, exc_info=smp)
+                log.error("vLLM poll of %s failed", srv.identity.url, exc_info=smp)
+                out.extend(self._failed(srv, now, smp))
                 continue
             out.append(smp)
         return out
+
+    def _failed(self, srv: _Server, now: float, exc: Exception) -> list[ServerSample]:
+        """The sample of a poll that raised: the server's state as it stood, the error as the
+        reason, nothing measured. One server's failure thus costs only its own poll, and the
+        store still shows that the poll happened and why it has no figures."""
+        try:
+            smp = replace(self._sample(srv, now), reason=f"poll failed: {type(exc).__name__}: {exc}"[:200])
+        except Exception:  # noqa: BLE001 - not even that: the gap is logged above
+            log.exception("vLLM server %s: no sample for this poll", srv.identity.url)
+            return []
+        srv.last = smp
+        return [smp]
 
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
         """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set."""
@@ -274,7 +296,8 @@ class VllmSource:
                     body += chunk
                     if len(body) > self.max_response_bytes:
                         return _Reply(status=r.status, error=TOO_LARGE)
-                return _Reply(status=r.status, body=bytes(body), content_type=r.headers.get("Content-Type", ""))
+                # the bytearray itself: a bytes() copy would hold the body twice while it is read
+                return _Reply(status=r.status, body=body, content_type=r.headers.get("Content-Type", ""))
         except asyncio.TimeoutError:
             return _Reply(error=TIMEOUT)
         except aiohttp.ClientConnectorError as exc:
@@ -340,12 +363,17 @@ class VllmSource:
         elif metrics.status != 200:
             metrics_error = f"HTTP {metrics.status}"
         else:
-            text = (metrics.body or b"").decode("utf-8", errors="replace")
+            body = metrics.body or b""
             om = metrics.content_type.startswith("application/openmetrics-text")
             try:
-                reading = await self._offload(lambda: parse_metrics(text, openmetrics=om))
+                reading = await self._offload(lambda: parse_metrics(body, openmetrics=om))
             except MetricsParseError as exc:
                 metrics_error = str(exc)
+            del body
+            metrics.body = None  # what the reading keeps is all that stays of the body
+            if reading is not None and reading.lines_dropped and not srv.partial:
+                log.warning("vLLM server %s: %d /metrics lines unreadable; telemetry partial", base, reading.lines_dropped)
+            srv.partial = bool(reading and reading.lines_dropped)
         stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
         load_doc = replies["load"].json() if "load" in replies else None
         server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
@@ -375,6 +403,7 @@ class VllmSource:
                 ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
                 metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
                 tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
+                engine_lost=self._engine_lost(srv, health.status == 200),
             )
         )
         if reading is not None:
@@ -411,7 +440,8 @@ class VllmSource:
             srv, now,
             health_status=health.status,
             metrics_error=metrics_error,
-            telemetry="down" if reading is None and not stats else ("full" if (reading and reading.has_vllm) or stats else "limited"),
+            telemetry=_telemetry(reading, stats),
+            metric_lines_dropped=reading.lines_dropped if reading is not None else None,
             running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
             prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
             kv_block_size=(cache.block_size if cache else None) or stats.get("block_size"),
@@ -445,6 +475,22 @@ class VllmSource:
         srv.last = smp
         return smp
 
+    @staticmethod
+    def _engine_lost(srv: _Server, healthy: bool) -> str | None:
+        """Why the server's engine counts as lost: an engine process seen in its tree since
+        ``/health`` first answered 200 is gone (or a zombie) while the API process lives. The
+        process table is read at every poll, so the loss shows at the first poll after it."""
+        p = srv.process
+        if p is None:
+            return None
+        now = set(p.engine_pids)
+        gone = [pid for pid in srv.engines_seen if pid not in now]
+        if healthy or srv.engines_seen:
+            srv.engines_seen.update(dict.fromkeys(p.engine_pids))
+        if gone:
+            return f"engine lost (pid {', '.join(map(str, gone))} gone)"
+        return None
+
     def _sample(self, srv: _Server, now: float, *, ended: bool = False, **values: Any) -> ServerSample:
         lc = srv.lifecycle
         act = srv.prewarm_activity
@@ -464,6 +510,16 @@ class VllmSource:
             ended=ended,
             **values,
         )
+
+
+def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
+    """``"down"`` (no reading, no ``/stats``), ``"partial"`` (lines of ``/metrics`` dropped),
+    ``"full"`` (``vllm:`` metrics or ``/stats``), else ``"limited"``."""
+    if reading is None:
+        return "full" if stats else "down"
+    if reading.lines_dropped:
+        return "partial"
+    return "full" if reading.has_vllm or stats else "limited"
 
 
 def _url_host(host: str) -> str:

@@ -19,7 +19,10 @@ poll's time from the injected clock, and never reads a clock or the network itse
 * **sleeping**: ``vllm:engine_sleep_state`` not ``awake`` (0.12+) or ``/is_sleeping`` true.
 * **telemetry_down**: ``/health`` 200 but ``/metrics`` fails (error, oversized, garbage).
 * **dead**: after ready, ``/health`` 500 (0.9–0.10) or 503 (0.11+), a refused or reset
-  connection, or the process gone — whatever its exit status (vLLM exits 0 after its engine dies).
+  connection, or the process gone — whatever its exit status (vLLM exits 0 after its engine dies);
+  also an engine process gone from the server's process tree while the API process lives
+  ("engine lost"): ``/health`` may stay 200 then (always in 0.2.x and V1 0.8.x) and, with no
+  request queued, nothing else would tell an idle server from one that can no longer serve.
 * **failed_to_start**: the process went away before it was ever ready.
 """
 
@@ -33,7 +36,7 @@ from vgpumon.model import ServerState
 REFUSED = "refused"  # nothing listens on the port (ECONNREFUSED)
 TIMEOUT = "timeout"  # no complete answer within the per-request timeout
 CONNECTION = "connection"  # reset / disconnected / other transport error
-TOO_LARGE = "too_large"  # the body exceeded the response-size limit
+TOO_LARGE = "too large"  # the body exceeded the response-size limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,9 @@ class Observation:
             ``None`` when unknown (first scrape, no counters).
         sleeping: from ``engine_sleep_state`` or ``/is_sleeping``; ``None`` when unknown.
         server_load: ``/load`` in-flight requests (0.8.5+); ``None`` when absent.
+        engine_lost: why an engine process of the server counts as lost (it was seen in the
+            process tree since ``/health`` first answered 200 and is gone or a zombie now);
+            ``None`` when every engine process seen is still there, or nothing is known.
     """
 
     ts: float
@@ -66,6 +72,7 @@ class Observation:
     tokens_advanced: float | None = None
     sleeping: bool | None = None
     server_load: float | None = None
+    engine_lost: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -143,6 +150,8 @@ class Lifecycle:
             what = obs.health_error or f"/health {obs.health_status}"
             return self._set(ServerState.STARTING, "connection refused" if what == REFUSED else what)
         # ready before: is it still alive and well?
+        if obs.engine_lost is not None:
+            return self._set(ServerState.DEAD, obs.engine_lost)
         if obs.health_status in (500, 503):
             return self._set(ServerState.DEAD, f"/health {obs.health_status}")
         if obs.health_error in (REFUSED, CONNECTION):

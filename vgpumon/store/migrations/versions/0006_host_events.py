@@ -1,7 +1,7 @@
 """Host events: GPUs appearing, going and coming back, NVML re-initialisations, memory-API
 changes, wall-clock steps.
 
-Revision ID: 0009
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-01 05:00:00
 """
@@ -13,7 +13,7 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
+revision: str = "0006"
 down_revision: Union[str, None] = "0005"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None

@@ -1,8 +1,8 @@
 """XID events keep their per-GPU sequence number: three XID 31 on one GPU in one millisecond are
 three rows (unique on GPU, time, code and sequence), and a replayed spool still stores each once.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-01 06:00:00
 """
 
@@ -13,8 +13,8 @@ from typing import Sequence, Union
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010"
-down_revision: Union[str, None] = "0009"
+revision: str = "0007"
+down_revision: Union[str, None] = "0006"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -1,0 +1,124 @@
+"""Writes that fail for a reason other than "store unavailable", and spool writes that fail:
+nothing is dropped without a word, and nothing half-written is left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import count, replay_into
+
+# A spool write on a full disk, for real: the child process may write at most 4 KiB per file
+# (RLIMIT_FSIZE; SIGXFSZ ignored, so write() fails with EFBIG like it fails with ENOSPC on a full
+# disk), then appends a batch of 8 GPU rows × 20 ticks (about 40 kB of JSON) to a spool.
+_FULL_DISK_CHILD = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from pathlib import Path
+    from vgpumon.store.codec import GPU_ROW_COLUMNS
+    from vgpumon.store.spool import RAW, Backlog
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    spool = Path(sys.argv[1])
+    spool.mkdir()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    backlog = Backlog(spool)
+    rows = [tuple(i * 1000 + j for j in range(len(GPU_ROW_COLUMNS))) for i in range(160)]
+    print(backlog.append(RAW, rows), len(backlog), backlog.memory_rows)
+    """
+)
+
+
+def test_a_failed_spool_write_leaves_no_tmp_file_behind(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    out = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_CHILD, str(spool)], capture_output=True, text=True, timeout=60, check=True
+    )
+    # the batch is kept in memory (the spool cannot take it) ...
+    assert out.stdout.split() == ["memory", "1", "160"], out.stderr
+    # ... and the half-written file is gone: a full disk is not made fuller by our leftovers
+    assert sorted(p.name for p in spool.iterdir()) == []
+
+
+def test_a_tmp_file_left_by_a_crash_is_removed_at_start(tmp_path: Path) -> None:
+    from vgpumon.store.spool import Backlog
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "0000000000000003.raw.tmp").write_text('{"v":1,"kind":"raw","col')  # power cut mid-write
+    backlog = Backlog(spool)
+    assert len(backlog) == 0
+    assert list(spool.iterdir()) == []
+
+
+# -- a batch the store refuses for what it holds ---------------------------------------------------
+
+
+def test_a_row_the_store_refuses_is_set_aside_and_every_other_row_stored(db_url, tmp_path, caplog):
+    """The store was replaced while the spool held rows of the old one: one spooled row names a
+    GPU id the new store does not have (a foreign key the store refuses however long it waits).
+    That row goes to the dead-letter file beside the spool and is counted; the other rows of its
+    batch and every tick of the run are stored, and no outage is declared."""
+    import json
+    import logging
+
+    from vgpumon.model import GpuSample
+    from vgpumon.store.codec import encode_gpu_sample
+    from vgpumon.store.spool import RAW, Backlog
+
+    spool = tmp_path / "spool"
+    t0 = 1_700_000_000.0  # long before the capture: these rows are the old store's
+    old = [encode_gpu_sample(1, GpuSample(ts=t0 + i, uuid="GPU-x", index=0, power_watts=100.0 + i)) for i in range(20)]
+    gone = encode_gpu_sample(99, GpuSample(ts=t0 + 7.5, uuid="GPU-gone", index=1, power_watts=5.0))
+    Backlog(spool).append(RAW, old[:7] + [gone] + old[7:])
+
+    backlog = Backlog(spool)
+    with caplog.at_level(logging.WARNING):
+        stats = replay_into(db_url, hostname="h", agent_kw={"backlog": backlog}).stats
+
+    assert stats.dead_letters == 1 and stats.outages == 0 and stats.rows_spooled == 0
+    assert count(db_url, "SELECT count(*) FROM gpu_samples") == stats.ticks + 20
+    assert count(db_url, f"SELECT count(*) FROM gpu_samples WHERE ts < {int((t0 + 100) * 1000)}") == 20
+    letters = [json.loads(line) for line in backlog.dead_letter_path.read_text().splitlines()]
+    assert len(letters) == 1
+    (letter,) = letters
+    assert letter["kind"] == "raw" and dict(zip(letter["columns"], letter["row"]))["gpu_id"] == 99
+    assert "foreign key" in letter["error"].lower()
+    assert backlog.dead_letter_path.parent == spool.parent  # beside the spool, not in it
+    assert not any("unavailable" in r.getMessage() for r in caplog.records)
+
+
+def test_vllm_samples_in_a_full_spool_fold_in_order_and_keep_every_change_of_state(tmp_path: Path) -> None:
+    """A spool over its bound holding only vLLM samples (a poll every 2 s for 20 minutes, the
+    server going dead at minute 12): the oldest fold to the last sample per minute plus each
+    change of state, the files still replay oldest first, and the count says how many went."""
+    from vgpumon.model import InstanceIdentity, ServerSample, ServerState
+    from vgpumon.store.spool import VLLM, Backlog
+    from vgpumon.store.vllm_repository import VllmRepository
+
+    t0 = 1_800_000_000.0
+    ident = InstanceIdentity(host="127.0.0.1", port=8000, url="http://127.0.0.1:8000", origin="static", pid=None,
+                             process_start=None, first_seen=t0)
+
+    def state(i: int) -> ServerState:
+        return ServerState.IDLE if i < 360 else ServerState.DEAD
+
+    polls = [ServerSample(instance=ident, ts=t0 + 2 * i, state=state(i), reason=state(i).value) for i in range(600)]
+    backlog = Backlog(tmp_path / "spool", max_spool_bytes=200_000)
+    for k in range(0, 600, 15):  # a batch every 30 s
+        backlog.append(VLLM, [VllmRepository.encode_sample(1, s) for s in polls[k : k + 15]])
+    assert backlog.folded_vllm_rows > 0
+    assert backlog.spool_bytes <= 200_000 * 1.25
+    kept = []
+    reloaded = Backlog(tmp_path / "spool")  # what a restarted agent replays
+    while (entry := reloaded.peek()) is not None:
+        kept += entry.rows
+        reloaded.ack(entry)
+    assert len(kept) + backlog.folded_vllm_rows == 600
+    stamps = [r["sample"]["ts"] for r in kept]
+    assert stamps == sorted(stamps)
+    assert [r["sample"]["state"] for r in kept].count(ServerState.DEAD.code) >= 1
+    first_dead = next(r for r in kept if r["sample"]["state"] == ServerState.DEAD.code)
+    assert first_dead["sample"]["ts"] == t0 + 2 * 360  # the moment it died survives folding
