@@ -394,6 +394,16 @@ class Agent:
                 self._store_exec, self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time()
             )
 
+    def _rejected_rows(self, ts: float, subject: str, failed: Mapping[str, str]) -> list[dict[str, Any]]:
+        """``rejected_values`` rows for the values refused at the door (reasons ``rejected: …``)."""
+        if self._host_id is None:
+            return []
+        return [
+            {"host_id": self._host_id, "ts": ts, "subject": subject[:160], "field": name[:64], "reason": reason[:255]}
+            for name, reason in failed.items()
+            if is_rejection(reason)
+        ]
+
     def _tick_rows(self, snap: Snapshot) -> TickRows:
         """The rows one tick writes, per table.
 
@@ -406,10 +416,7 @@ class Agent:
         rejected: list[dict[str, Any]] = []
 
         def reject(ts: float, subject: str, failed: Mapping[str, str]) -> None:
-            if host_id is not None:
-                for name, reason in failed.items():
-                    if is_rejection(reason):
-                        rejected.append({"host_id": host_id, "ts": ts, "subject": subject, "field": name[:64], "reason": reason[:255]})
+            rejected.extend(self._rejected_rows(ts, subject, failed))
 
         gpu_rows = []
         for s in snap.samples:
@@ -465,7 +472,14 @@ class Agent:
             return
         from vgpumon.store.vllm_repository import VllmRepository
 
-        self._pending.append({"vllm_samples": [VllmRepository.encode_sample(self._host_id, s) for s in samples]})
+        self._pending.append(
+            {
+                "vllm_samples": [VllmRepository.encode_sample(self._host_id, s) for s in samples],
+                "rejected_values": [
+                    r for s in samples for r in self._rejected_rows(s.ts, f"vllm:{s.instance.url}", s.rejected)
+                ],
+            }
+        )
 
     async def _run_vllm(self, stop: asyncio.Event) -> None:
         """Run the vLLM source until ``stop``; restart it with back-off whenever it fails."""

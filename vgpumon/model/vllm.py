@@ -164,6 +164,9 @@ class ServerSample:
     latency_unreliable: Mapping[str, str] = field(default_factory=dict)
     #: the parsed scrape (``vgpumon.sources.vllm.metrics.MetricsReading``); not stored
     reading: Any = field(default=None, compare=False, repr=False)
+    #: field (or ``vllm:`` metric) → why its value was refused at the door (NaN, ±Inf, out of
+    #: range: a running count of 1e16, a KV usage of 1.7); the field is ``None``
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
 
 #: Histograms whose quantiles a sample carries, and their bit in the stored

@@ -160,6 +160,8 @@ class MetricsReading:
             ``None`` before 0.12 (no such metric).
         lines_dropped: lines of the body that could not be read (not UTF-8, or refused by the
             parser) and were left out: more than 0 makes the telemetry partial.
+        rejected: metric name → why its value was refused (NaN, ±Inf): left out, like an
+            absent metric, and counted by the source.
     """
 
     has_vllm: bool
@@ -169,6 +171,7 @@ class MetricsReading:
     cache: CacheConfig | None
     sources: Mapping[str, str]
     lines_dropped: int = 0
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
     def gauge_total(self, name: str) -> float | None:
         """Sum of a canonical gauge over series; ``None`` when no series has it."""
@@ -350,6 +353,7 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
     pairs: dict[tuple[str, str | None], tuple[str, str | None]] = {}
     engines: set[str] = set()
     models: set[str] = set()
+    rejected: dict[str, str] = {}
     lines = _Lines(body)
     for s in _samples(lines):
         name: str = s.name
@@ -360,7 +364,10 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         if name.endswith("_created"):
             continue
         value = float(s.value)
-        if math.isnan(value):
+        if not math.isfinite(value):
+            # NaN or ±Inf never reach a field (a kv_cache_usage_perc of +Inf once stopped every
+            # vLLM write); the sample is left out and named, so the refusal is counted.
+            rejected[name] = f"rejected: {'NaN' if math.isnan(value) else f'infinite: {value!r}'}"
             continue
         labels = {k: _label(v) for k, v in s.labels.items() if k != "pid"}
         if labels.get("engine") is not None:
@@ -449,6 +456,7 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         cache=cache,
         sources=sources,
         lines_dropped=lines.dropped,
+        rejected=rejected,
     )
 
 

@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from vgpumon import catalogue
+from vgpumon.catalogue import Door
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState, Snapshot
 from vgpumon.pacing import wait_for_slot
 from vgpumon.sources.vllm import kv
@@ -49,6 +51,12 @@ from vgpumon.sources.vllm.state import (
 )
 
 log = logging.getLogger(__name__)
+#: ``vllm_samples`` fields whose values come from outside (a server's answers, psutil) and are
+#: checked at the door; the others are the source's own (state, reasons, flags).
+_ADMITTED = frozenset(f.name for f in catalogue.fields_of("vllm_samples") if f.kind in ("gauge", "counter")) | {
+    "sleep_state",
+    "health_status",
+}
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # a real 0.32 scrape is ~50 kB; many LoRA adapters × buckets stay far below
 _ACCEPT_METRICS = "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5"
@@ -120,6 +128,7 @@ class _Server:
     process: VllmProcess | None = None  # as last discovered (None for static targets)
     engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
     partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
+    rejecting: bool = False  # the last poll had values refused at the door (logged when it starts)
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -172,6 +181,9 @@ class VllmSource:
         self._servers: dict[tuple[str, int], _Server] = {}
         self._gpu_pids: dict[str, set[int]] = {}
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm")
+        # every value from a server passes the field catalogue's door; rejections counted per field
+        self.door = Door(catalogue.fields_of("vllm_samples"))
+        self.rejected = self.door.rejected
 
     # -- inputs from the agent -----------------------------------------------------------------
 
@@ -389,6 +401,14 @@ class VllmSource:
         running = running if running is not None else stats.get("running")
         waiting = waiting if waiting is not None else stats.get("waiting")
         kv_usage = kv_usage if kv_usage is not None else stats.get("kv_cache_usage")
+        # The door (the field catalogue's ranges), before anything is derived from these: a
+        # running count of 1e16, a KV usage of 1.7 or a negative queue is refused and counted.
+        rejected: dict[str, str] = dict(reading.rejected) if reading is not None else {}
+        self.rejected.update({name: 1 for name in rejected})
+        first = {"running": running, "waiting": waiting, "kv_cache_usage_ratio": kv_usage, "kv_cache_usage_mean_ratio": kv_mean}
+        rejected.update(self.door.check_row(first, first))
+        running, waiting = first["running"], first["waiting"]
+        kv_usage, kv_mean = first["kv_cache_usage_ratio"], first["kv_cache_usage_mean_ratio"]
         work = None if running is None and waiting is None else (running or 0.0) + (waiting or 0.0)
         sleeping: bool | None = None
         if sleep_state is not None:
@@ -436,44 +456,59 @@ class VllmSource:
             hybrid=cache.hybrid if cache else None,
         )
         version_t = parse_version(srv.version)
-        smp = self._sample(
-            srv, now,
+        values: dict[str, Any] = dict(
             health_status=health.status,
-            metrics_error=metrics_error,
-            telemetry=_telemetry(reading, stats),
             metric_lines_dropped=reading.lines_dropped if reading is not None else None,
-            running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
-            prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
             kv_block_size=(cache.block_size if cache else None) or stats.get("block_size"),
             kv_num_gpu_blocks=(cache.num_gpu_blocks if cache else None) or stats.get("num_gpu_blocks"),
             kv_cache_size_tokens=cache.kv_cache_size_tokens if cache else None,
             kv_blocks_used=est.blocks_used if est else None,
             kv_fragmentation_ratio=est.fragmentation_ratio if est else None,
             kv_token_occupancy_ratio=est.token_occupancy_ratio if est else None,
-            kv_estimate_approximate=est.approximate if est else None,
-            gauges_stale=lc.stale,
             sleep_state=sleep_state,
             server_load=server_load,
             rss_bytes=rss,
             cpu_seconds_per_second=cpu_rate,
+            **{k: v for k, v in derived.items() if k != "tokens_advanced"},
+        )
+        rejected.update(self.door.check_row(values, [n for n in values if n in _ADMITTED]))
+        smp = self._sample(
+            srv, now,
+            metrics_error=metrics_error,
+            telemetry=_telemetry(reading, stats),
+            running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
+            prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
+            kv_estimate_approximate=est.approximate if est else None,
+            gauges_stale=lc.stale,
             gpu_uuids=gpus,
-            engines=tuple(
-                EngineSample(
-                    model_name=s.model_name, engine=s.engine, running=s.gauges.get("running"),
-                    waiting=s.gauges.get("waiting"), kv_cache_usage_ratio=s.gauges.get("kv_cache_usage"),
-                )
-                for _, s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1])))
-                if s.gauges
-            ) if reading is not None else (),
+            engines=self._engines(reading, rejected) if reading is not None else (),
             scrape_seconds=scrape_seconds,
             generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
             engine_labels=reading.engines if reading is not None else (),
             label_models=reading.model_names if reading is not None else (),
             reading=reading,
-            **{k: v for k, v in derived.items() if k != "tokens_advanced"},
+            rejected=rejected,
+            **values,
         )
+        if rejected and not srv.rejecting:
+            log.warning("vLLM server %s: impossible values refused: %s", base, "; ".join(f"{k} {v}" for k, v in rejected.items()))
+        srv.rejecting = bool(rejected)
         srv.last = smp
         return smp
+
+    def _engines(self, reading: MetricsReading, rejected: dict[str, str]) -> tuple[EngineSample, ...]:
+        """Per-engine samples, each value through the door (an engine's impossible figure is
+        ``None``; its reason names the engine)."""
+        out = []
+        for (model, engine), s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1]))):
+            if not s.gauges:
+                continue
+            row = {"running": s.gauges.get("running"), "waiting": s.gauges.get("waiting"),
+                   "kv_cache_usage_ratio": s.gauges.get("kv_cache_usage")}
+            for name, reason in self.door.check_row(row, row).items():
+                rejected.setdefault(name, f"{reason} (model {model}, engine {engine})")
+            out.append(EngineSample(model_name=model, engine=engine, **row))
+        return tuple(out)
 
     @staticmethod
     def _engine_lost(srv: _Server, healthy: bool) -> str | None:
