@@ -4,9 +4,14 @@ The revisions live in ``vgpumon/store/migrations`` inside the package and are fo
 ``importlib.resources``, so an installed wheel migrates its store without a checkout. The agent
 runs ``upgrade`` at start; ``vgpumon db upgrade`` runs it on request.
 
-On Postgres many agents share one database and may start together: the upgrade runs in one
-transaction (Postgres DDL is transactional) that first takes a transaction-level advisory lock, so
-exactly one agent migrates and the others wait, then find the schema at head and do nothing.
+Agents that start together never race in the migration: on Postgres the upgrade runs in one
+transaction (Postgres DDL is transactional) that first takes a transaction-level advisory lock; on
+SQLite a file lock beside the database (``<file>.migrate.lock``) serialises it. Exactly one
+agent migrates; the others wait, then find the schema at head and do nothing.
+
+Two stores are refused rather than changed: one whose revision this version does not know (a
+newer vgpumon migrated it: rolling upgrades on a shared Postgres), and one that holds tables of
+something else (vgpumon does not add its tables to another application's database).
 """
 
 from __future__ import annotations
@@ -16,14 +21,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from filelock import FileLock, Timeout
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
+from vgpumon.store.engine import describe_store, sqlite_file, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +42,16 @@ log = logging.getLogger(__name__)
 MIGRATION_LOCK_KEY = 0x7667_7075_6D6F_6E
 #: The revision that holds the schema the store had before migrations existed (``create_all``).
 BASELINE_REVISION = "0001"
+#: How long an agent waits for another one's SQLite migration (seconds); they take well under one.
+SQLITE_LOCK_TIMEOUT_S = 120.0
+
+
+class SchemaTooNewError(StoreUnavailableError):
+    """The store was migrated by a newer vgpumon: its revision is unknown to this version."""
+
+
+class ForeignStoreError(StoreUnavailableError):
+    """The database holds tables of something else; vgpumon does not add its tables to it."""
 
 
 def _script_location() -> Path:
@@ -67,13 +88,35 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _fail(engine: Engine, exc: Exception) -> StoreUnavailableError:
-    url = engine.url.render_as_string(hide_password=True)
-    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return StoreUnavailableError(f"store {url} unavailable: {detail}")
+    return unavailable(engine, exc)
+
+
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+@contextmanager
+def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
+    """Serialise migrations of one SQLite file across processes (no-op for other engines)."""
+    file = sqlite_file(engine.url) if engine.dialect.name == "sqlite" else None
+    if file is None:
+        yield
+        return
+    lock = FileLock(f"{file}.migrate.lock", timeout=SQLITE_LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            yield
+    except Timeout:
+        raise unavailable(engine, f"another vgpumon has been migrating it for over {SQLITE_LOCK_TIMEOUT_S:.0f} s ({lock.lock_file})") from None
+    except OSError as exc:  # the lock file cannot be created: the directory is not writable
+        raise unavailable(engine, f"cannot create {file}.migrate.lock: {exc.strerror or exc}") from None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
-    """Bring the schema to ``revision`` (idempotent; safe with many agents on one Postgres).
+    """Bring the schema to ``revision`` (idempotent; safe with many agents on one store).
 
     A database whose tables were created before migrations existed (``gpu_samples`` present, no
     ``alembic_version``) is stamped at the baseline revision first, then upgraded.
@@ -82,18 +125,33 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
         ``(revision before, revision after)``; before is ``None`` for an empty database.
 
     Raises:
+        SchemaTooNewError: a newer vgpumon migrated the store (its revision is unknown here).
+        ForeignStoreError: the database holds tables of something else.
         StoreUnavailableError: the database cannot be reached or a migration fails.
     """
     try:
-        with engine.begin() as conn:
+        with _sqlite_migration_lock(engine), engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 # Held until this transaction ends: other agents wait here, then see head.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
             before = MigrationContext.configure(conn).get_current_revision()
+            if before is not None and not _known(before):
+                raise SchemaTooNewError(
+                    f"store {describe_store(engine)} has schema revision {before}, newer than this "
+                    f"vgpumon knows (its newest is {head_revision()}): upgrade vgpumon here, or use another store"
+                )
             cfg = alembic_config(conn)
-            if before is None and inspect(conn).has_table("gpu_samples"):
-                log.warning("store has tables but no migration history: stamping revision %s", BASELINE_REVISION)
-                command.stamp(cfg, BASELINE_REVISION)
+            if before is None:
+                tables = set(inspect(conn).get_table_names()) - {"alembic_version"}
+                if "gpu_samples" in tables:
+                    log.warning("store has tables but no migration history: stamping revision %s", BASELINE_REVISION)
+                    command.stamp(cfg, BASELINE_REVISION)
+                elif tables:
+                    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+                    raise ForeignStoreError(
+                        f"store {describe_store(engine)} holds tables of something else ({shown}): "
+                        "vgpumon does not add its tables to it; give --db an empty database or a new file"
+                    )
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as exc:
