@@ -31,9 +31,11 @@ import datetime as _dt
 import gzip
 import io
 import json
+import math
 import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
 
@@ -546,44 +548,86 @@ def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _shape_error(tick: Any) -> str | None:
+    """What is wrong with the shape of one tick line, ``None`` when nothing is."""
+    if not isinstance(tick, dict):
+        return "not a JSON object"
+    if not _is_int(tick.get("tick")):
+        return '"tick" is not an integer'
+    if tick["tick"] >= 0 and not _is_number(tick.get("ts")):
+        return '"ts" is not a number of seconds'
+    calls = tick.get("calls")
+    if not isinstance(calls, list):
+        return '"calls" is not a list'
+    for call in calls:
+        if not (isinstance(call, list) and len(call) == 5):
+            return "a call is not [scope, function, args, kwargs, outcome]"
+        scope, fn, args, kwargs, outcome = call
+        if not (scope == "sys" or _is_int(scope)) or not isinstance(fn, str):
+            return "a call's scope or function name has the wrong type"
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            return f"{fn}: args or kwargs have the wrong type"
+        if not isinstance(outcome, dict) or not (("v" in outcome) ^ ("e" in outcome)):
+            return f"{fn}: outcome is not {{\"v\": value}} or {{\"e\": code}}"
+        if "e" in outcome and not _is_int(outcome["e"]):
+            return f"{fn}: error code is not an integer"
+    return None
+
+
 def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read a capture file.
+    """Read a capture file and check its shape.
 
     Returns:
         ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
 
     Raises:
-        CaptureFormatError: the file is missing, not a vgpumon capture, of an unknown format
-            version, or has a malformed line (its number is named).
+        CaptureFormatError: the file is missing or unreadable, not a vgpumon capture (no header),
+            of an unknown format version, has a line that is not JSON or has fields of the wrong
+            type (its number is named), or holds no ticks.
     """
     path = Path(path)
     try:
         with _open_text(path, "r") as f:
             lines = f.read().splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise CaptureFormatError(f"cannot read capture {path}: {exc}") from None
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise CaptureFormatError(f"cannot read capture {path}: {reason}") from None
     if not lines:
         raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
     try:
         header = json.loads(lines[0])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise CaptureFormatError(f"{path} is not a vgpumon capture (line 1 is not JSON)") from None
     if not isinstance(header, dict) or "vgpumon_capture" not in header:
         raise CaptureFormatError(f"{path} is not a vgpumon capture (no header)")
     if header["vgpumon_capture"] != CAPTURE_FORMAT_VERSION:
         raise CaptureFormatError(
-            f"{path} has capture format {header['vgpumon_capture']}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
+            f"{path} has capture format {header['vgpumon_capture']!r}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
         )
+    if "slow_every" in header and not (_is_int(header["slow_every"]) and header["slow_every"] >= 1):
+        raise CaptureFormatError(f"{path}:1: header \"slow_every\" is not a positive integer")
     ticks = []
     for n, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         try:
             tick = json.loads(line)
-            tick["tick"], tick["calls"]  # noqa: B018 - shape check
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CaptureFormatError(f"{path}:{n}: malformed capture line") from None
+        except (json.JSONDecodeError, RecursionError):
+            raise CaptureFormatError(f"{path}:{n}: malformed capture line (not JSON)") from None
+        problem = _shape_error(tick)
+        if problem:
+            raise CaptureFormatError(f"{path}:{n}: malformed capture line ({problem})")
         ticks.append(tick)
+    if not any(t["tick"] >= 0 for t in ticks):
+        raise CaptureFormatError(f"{path} holds no ticks (a header only: was the recording stopped at once?)")
     return header, ticks
 
 
