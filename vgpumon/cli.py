@@ -41,9 +41,6 @@ T = TypeVar("T")
 _USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 _CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
-#: What Ctrl-C (or SIGTERM during the agent's start-up) exits with: 130, except in the commands
-#: that stop cleanly on it (``agent``, ``record``), which set 0.
-_interrupt_exit = [ExitCode.INTERRUPTED]
 
 app = typer.Typer(
     name="vgpumon",
@@ -195,13 +192,6 @@ async def _run_until_signal(agent: "object") -> "object":
     return await agent.run(stop)  # type: ignore[attr-defined]
 
 
-def _stop_cleanly_on_signals() -> None:
-    """From here on Ctrl-C or SIGTERM ends the command with 0: before the agent's event loop
-    takes the signals over, both raise ``KeyboardInterrupt``, which ``main`` maps to 0."""
-    _interrupt_exit[0] = ExitCode.OK
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-
-
 @app.command()
 def agent(
     ctx: typer.Context,
@@ -212,7 +202,7 @@ def agent(
     ] = None,
     replay: Annotated[
         Optional[Path],
-        typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed).", dir_okay=False),
+        typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed)."),
     ] = None,
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
     hostname: Annotated[
@@ -260,7 +250,6 @@ def agent(
       vgpumon agent                                     # sample into the default SQLite store\n
       vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
     """
-    _stop_cleanly_on_signals()
     settings = _settings(
         ctx,
         {
@@ -482,7 +471,6 @@ def record(
     keeping the capture's timestamps. Use --mask before sharing a capture. Ctrl-C stops it
     cleanly (0) with the ticks so far.
     """
-    _stop_cleanly_on_signals()
     settings = _settings(
         ctx,
         {
@@ -630,14 +618,23 @@ def _toml(doc: dict[str, Any], config_file: Path | None, descriptions: dict[str,
 
 
 def _one_line(text: str) -> str:
-    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip())
+    # "Value error, " is pydantic's prefix, which typer passes on for enum options
+    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: runs the app and maps every outcome to the exit-code table,
-    printing one line on stderr for each failure."""
+    """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
+    exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
+    commands that stop cleanly on it (``vgpumon.launch``)."""
+    from vgpumon.launch import install_signal_handlers, stops_cleanly
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    install_signal_handlers(argv)
+    interrupted = ExitCode.OK if stops_cleanly(argv) else ExitCode.INTERRUPTED
     try:
         rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
+        if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
+            rv = interrupted
     except _USAGE_ERROR as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `vgpumon`, `vgpumon db`: the help is the answer
             exc.show()  # type: ignore[attr-defined]
@@ -647,7 +644,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}{hint}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(_interrupt_exit[0])
+        sys.exit(interrupted)
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(_one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)

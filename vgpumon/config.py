@@ -407,6 +407,13 @@ def _origin(path: tuple[Any, ...], flags: Flags, file: Path | None, file_data: d
     return ".".join(keys) or "settings", False
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a home directory we may not search (another user's, via sudo -u): absent
+        return False
+
+
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -438,7 +445,7 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None) -
     path: Path | None = config_file
     if path is None and os.environ.get(CONFIG_ENV):
         path = Path(os.environ[CONFIG_ENV])
-    elif path is None and default_config_file().is_file():
+    elif path is None and _exists(default_config_file()):
         path = default_config_file()
     file_data = _read_config_file(path.expanduser()) if path is not None else {}
     init: dict[str, Any] = {}

@@ -163,7 +163,8 @@ def make_engine(
     kwargs: dict[str, Any] = {}
     file = sqlite_file(parsed)
     if parsed.get_backend_name() == "sqlite":
-        if read_only and file is not None and "immutable" not in parsed.query and parsed.query.get("mode") != "ro":
+        if read_only and file is not None and str(parsed.query.get("immutable", "")) != "1":
+            # a URL's own mode=ro too: with no -shm it would create -wal and -shm
             parsed = _sqlite_read_url(file, _sqlite_read_mode(file))
         elif file is not None and create_dirs and not read_only:
             file.parent.mkdir(parents=True, exist_ok=True)

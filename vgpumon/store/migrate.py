@@ -115,6 +115,35 @@ def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
         raise unavailable(engine, f"cannot create {file}.migrate.lock: {exc.strerror or exc}") from None
 
 
+def _refuse_foreign(engine: Engine, tables: set[str]) -> None:
+    tables = tables - {"alembic_version"}
+    if tables and "gpu_samples" not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise ForeignStoreError(
+            f"store {describe_store(engine)} holds tables of something else ({shown}): "
+            "vgpumon does not add its tables to it; give --db an empty database or a new file"
+        )
+
+
+def _look_before_writing(engine: Engine) -> None:
+    """An existing SQLite file is first looked at read-only: the first read-write connection
+    switches it to WAL (a change to its header) and the migration lock adds a file beside it, and
+    neither may happen to another application's database."""
+    file = sqlite_file(engine.url) if engine.dialect.name == "sqlite" else None
+    if file is None or not file.is_file() or file.stat().st_size == 0:
+        return
+    from vgpumon.store.engine import make_engine
+
+    reader = make_engine(str(file), read_only=True)
+    try:
+        with reader.connect() as conn:
+            _refuse_foreign(engine, set(inspect(conn).get_table_names()))
+    except SQLAlchemyError as exc:
+        raise _fail(engine, exc) from None
+    finally:
+        reader.dispose()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     """Bring the schema to ``revision`` (idempotent; safe with many agents on one store).
 
@@ -129,6 +158,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
         ForeignStoreError: the database holds tables of something else.
         StoreUnavailableError: the database cannot be reached or a migration fails.
     """
+    _look_before_writing(engine)
     try:
         with _sqlite_migration_lock(engine), engine.begin() as conn:
             if conn.dialect.name == "postgresql":
@@ -142,16 +172,11 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
                 )
             cfg = alembic_config(conn)
             if before is None:
-                tables = set(inspect(conn).get_table_names()) - {"alembic_version"}
+                tables = set(inspect(conn).get_table_names())
+                _refuse_foreign(engine, tables)
                 if "gpu_samples" in tables:
                     log.warning("store has tables but no migration history: stamping revision %s", BASELINE_REVISION)
                     command.stamp(cfg, BASELINE_REVISION)
-                elif tables:
-                    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-                    raise ForeignStoreError(
-                        f"store {describe_store(engine)} holds tables of something else ({shown}): "
-                        "vgpumon does not add its tables to it; give --db an empty database or a new file"
-                    )
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as exc:

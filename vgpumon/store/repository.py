@@ -133,6 +133,12 @@ class Store:
     def _fail(self, exc: Exception) -> StoreUnavailableError:
         return unavailable(self.engine, exc)
 
+    def _require_tables(self, conn: Connection) -> None:
+        """Raise ``StoreUnavailableError`` when the database holds no vgpumon tables (an empty
+        file, another application's database), so readers say that instead of "no such table"."""
+        if not self.engine.dialect.has_table(conn, Host.__tablename__):
+            raise StoreUnavailableError(f"{describe_store(self.engine)} holds no vgpumon data (no tables)")
+
     def init_schema(self) -> None:
         """Bring the schema to the newest revision (Alembic; under an advisory lock on Postgres).
 
@@ -405,10 +411,7 @@ class Store:
         """Every host in the store, sorted."""
         try:
             with self.engine.connect() as conn:
-                if not self.engine.dialect.has_table(conn, Host.__tablename__):
-                    raise StoreUnavailableError(
-                        f"{describe_store(self.engine)} holds no vgpumon data (no tables)"
-                    )
+                self._require_tables(conn)
                 return list(conn.scalars(select(Host.hostname).order_by(Host.hostname)))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -664,6 +667,7 @@ class Store:
         out: list[dict[str, Any]] = []
         try:
             with self.engine.connect() as conn:
+                self._require_tables(conn)
                 sizes: dict[str, int] = {}
                 if self.dialect == "sqlite":
                     try:
