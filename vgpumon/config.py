@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Optional
 
 import platformdirs
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
 from vgpumon.errors import ConfigFileError, UsageError
-from vgpumon.masking import mask_secrets
+from vgpumon.masking import MASK, mask_secrets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -531,6 +531,8 @@ def _field(leaf: tuple[str, ...]) -> Any:
 def _plain(value: Any) -> Any:
     if value is None:
         return None
+    if isinstance(value, SecretStr):
+        return MASK
     if isinstance(value, float):  # every float setting is a duration (intervals, timeouts, windows)
         return format_duration(value)
     if isinstance(value, Path):
