@@ -177,6 +177,15 @@ def test_the_agent_leaves_another_applications_sqlite_file_untouched(tmp_path):
     assert _listing(tmp_path) == before, "not even switched to WAL, no lock file beside it"
 
 
+def test_the_agent_on_a_store_it_cannot_write_exits_69_in_one_line(tmp_path):
+    """A store failure after start is 69 (the agent used to exit 3, a diagnose status)."""
+    store = tmp_path / "vgpumon.db"
+    replay(str(store), "gpu-host-17")
+    out = run("agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///file:{store}?mode=ro&uri=true")
+    assert out.returncode == 69
+    assert "readonly database" in _one_line(out)
+
+
 # -- bounded time -----------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from vgpumon.sources.nvml_backend import read_capture
 from vgpumon.store import open_store
 from vgpumon.store.codec import encode_gpu_sample
 from vgpumon.store.engine import make_engine
-from vgpumon.store.migrate import BASELINE_REVISION, current_revision, head_revision, upgrade
+from vgpumon.store.migrate import current_revision, head_revision, upgrade
 from vgpumon.store.retention import Retention
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import TIME_TABLES, Base
@@ -54,10 +54,10 @@ def test_migrations_build_the_models_schema_and_rerun_is_a_noop(db_url):
 
 
 def test_store_made_before_migrations_is_stamped_and_keeps_its_rows(tmp_path):
-    """A store created by the pre-migration `create_all`: revision 0001's tables, no history."""
+    """A store created by the pre-migration `create_all` (revision 0001's tables, no history)."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = make_engine(url)
-    upgrade(engine, BASELINE_REVISION)
+    upgrade(engine, "0001")  # revision 0001's tables, then the history forgotten
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE alembic_version"))
     engine.dispose()
