@@ -60,15 +60,15 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         help="Store: sqlite:///path.db, a file path, or postgresql+psycopg://user@host/db "
-        "(default: vgpumon.db under the user's data directory; VGPUMON_DB, [store] url).",
+        "(default: vgpumon.db under the user's data directory; VGPUMON_DB, setting store.url).",
         show_default=False,
     ),
 ]
 RawRetentionOption = Annotated[
-    Optional[str], typer.Option("--raw-retention", help="How long raw per-tick rows are kept (default 72h; [store] raw_retention).")
+    Optional[str], typer.Option("--raw-retention", help="How long raw per-tick rows are kept (default 72h; setting store.raw_retention).")
 ]
 RollupRetentionOption = Annotated[
-    Optional[str], typer.Option("--rollup-retention", help="How long 1-minute rollups are kept (default 90d; [store] rollup_retention).")
+    Optional[str], typer.Option("--rollup-retention", help="How long 1-minute rollups are kept (default 90d; setting store.rollup_retention).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")]
 
@@ -196,7 +196,7 @@ async def _run_until_signal(agent: "object") -> "object":
 def agent(
     ctx: typer.Context,
     db: DbOption = None,
-    interval: Annotated[Optional[str], typer.Option(help="Time between ticks: 1s, 0.5 (default 1s; [agent] interval).")] = None,
+    interval: Annotated[Optional[str], typer.Option(help="Time between ticks: 1s, 0.5 (default 1s; setting agent.interval).")] = None,
     duration: Annotated[
         Optional[str], typer.Option(callback=_duration_param, help="Stop after this long (90s, 15m, 2h); default: until SIGINT/SIGTERM.")
     ] = None,
@@ -207,7 +207,7 @@ def agent(
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace.")] = Pace.fast,
     hostname: Annotated[
         Optional[str],
-        typer.Option(help="Name this host is stored under, also for a replay (default: the system host name; VGPUMON_HOSTNAME, [agent] hostname)."),
+        typer.Option(help="Name this host is stored under, also for a replay (default: the system host name; VGPUMON_HOSTNAME, setting agent.hostname)."),
     ] = None,
     slow_every: Annotated[
         Optional[int], typer.Option(help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
@@ -218,15 +218,15 @@ def agent(
     ] = None,
     vllm_url: Annotated[
         Optional[list[str]],
-        typer.Option("--vllm-url", help="Also scrape this vLLM server (repeatable), e.g. one in a container (VGPUMON_VLLM_URLS, [vllm] urls)."),
+        typer.Option("--vllm-url", help="Also scrape this vLLM server (repeatable), e.g. one in a container (VGPUMON_VLLM_URLS, setting vllm.urls)."),
     ] = None,
     no_vllm: Annotated[bool, typer.Option("--no-vllm", help="Do not discover or scrape vLLM servers.")] = False,
-    vllm_interval: Annotated[Optional[str], typer.Option(help="Time between vLLM scrapes (default 2s; [vllm] interval).")] = None,
+    vllm_interval: Annotated[Optional[str], typer.Option(help="Time between vLLM scrapes (default 2s; setting vllm.interval).")] = None,
     spool: Annotated[
         Optional[Path],
         typer.Option(
             help="Directory where ticks wait while the store is unreachable; put it on another disk than a SQLite store "
-            "(default: under the user's state directory; VGPUMON_SPOOL, [agent] spool).",
+            "(default: under the user's state directory; VGPUMON_SPOOL, setting agent.spool).",
             file_okay=False,
         ),
     ] = None,
@@ -460,7 +460,7 @@ def record(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="Capture file to write (.jsonl, or .jsonl.gz to compress).", dir_okay=False)],
     duration: Annotated[str, typer.Option(callback=_duration_param, help="How long to record (60s, 5m).")] = "60s",
-    interval: Annotated[Optional[str], typer.Option(help="Time between ticks (default 1s; [agent] interval).")] = None,
+    interval: Annotated[Optional[str], typer.Option(help="Time between ticks (default 1s; setting agent.interval).")] = None,
     mask: Annotated[bool, typer.Option("--mask", help="Replace GPU UUIDs, serials and the host name with neutral values.")] = False,
     slow_every: Annotated[Optional[int], typer.Option(help="Read ECC counters and energy every N ticks (default 10).")] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (records the pre-Hopper path).")] = False,
@@ -510,18 +510,18 @@ def diagnose(
     host: Annotated[str, typer.Argument(help="Host name as stored by its agent; `localhost` means this machine.")],
     db: DbOption = None,
     window: Annotated[
-        Optional[str], typer.Option(help="Window ending at the host's newest stored sample: 15m, 1h, 900s (default 15m; [diagnose] window).")
+        Optional[str], typer.Option(help="Window ending at the host's newest stored sample: 15m, 1h, 900s (default 15m; setting diagnose.window).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     max_age: Annotated[
         Optional[str],
         typer.Option(
             help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. "
-            "Default: report on whatever is stored ([diagnose] max_age)."
+            "Default: report on whatever is stored (setting diagnose.max_age)."
         ),
     ] = None,
     timeout: Annotated[
-        Optional[str], typer.Option(help="UNKNOWN (exit 3) when the store has not answered within this long (default 10s; [diagnose] timeout).")
+        Optional[str], typer.Option(help="UNKNOWN (exit 3) when the store has not answered within this long (default 10s; setting diagnose.timeout).")
     ] = None,
 ) -> None:
     """Report per GPU what the store shows for a recent window, for the on-call engineer.
