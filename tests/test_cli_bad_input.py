@@ -74,6 +74,12 @@ DIAG = ["diagnose", "h", "--db", "{d}/store.db"]
 AGENT = ["agent", "--replay", str(H200_CAPTURE), "--db", "{d}/new.db"]
 PRUNE = ["db", "prune", "--db", "{d}/store.db"]
 
+
+def replay_of(name: str) -> list[str]:
+    """The agent replaying ``name`` from the work directory into a store not yet created."""
+    return ["agent", "--replay", "{d}/" + name, "--db", "{d}/new.db"]
+
+
 CASES = [
     # durations and intervals: 0, negative, inf, nan, empty, too large, not a duration
     Case("window-zero", [*DIAG, "--window", "0"], 64, r"--window: must be more than 0"),
@@ -132,18 +138,18 @@ CASES = [
     Case("config-unknown-section", ["--config", "{d}/typo.toml", *DIAG], 65, r"typo\.toml: stor: unknown setting"),
     Case("config-bad-type", ["--config", "{d}/bad-type.toml", *DIAG], 65, r"bad-type\.toml: \[agent\] host_every: .*integer"),
     # captures: 65, one line
-    Case("capture-missing", ["agent", "--replay", "{d}/missing.jsonl", "--db", "{d}/new.db"], 65, r"cannot read capture .*missing\.jsonl: No such file"),
-    Case("capture-directory", ["agent", "--replay", "{d}/a-directory", "--db", "{d}/new.db"], 65, r"cannot read capture .*a-directory: Is a directory"),
-    Case("capture-empty", ["agent", "--replay", "{d}/empty.jsonl", "--db", "{d}/new.db"], 65, r"empty\.jsonl is empty, not a vgpumon capture"),
-    Case("capture-header-only", ["agent", "--replay", "{d}/header-only.jsonl", "--db", "{d}/new.db"], 65, r"header-only\.jsonl holds no ticks"),
-    Case("capture-no-header", ["agent", "--replay", "{d}/no-header.jsonl", "--db", "{d}/new.db"], 65, r"no-header\.jsonl is not a vgpumon capture \(no header\)"),
-    Case("capture-not-json", ["agent", "--replay", "{d}/not-json.jsonl", "--db", "{d}/new.db"], 65, r"not-json\.jsonl is not a vgpumon capture \(line 1 is not JSON\)"),
-    Case("capture-ts-string", ["agent", "--replay", "{d}/ts-string.jsonl", "--db", "{d}/new.db"], 65, r"ts-string\.jsonl:3: malformed capture line \(\"ts\" is not a number"),
-    Case("capture-calls-dict", ["agent", "--replay", "{d}/calls-dict.jsonl", "--db", "{d}/new.db"], 65, r"calls-dict\.jsonl:3: malformed capture line \(\"calls\" is not a list\)"),
-    Case("capture-tick-float", ["agent", "--replay", "{d}/tick-float.jsonl", "--db", "{d}/new.db"], 65, r"tick-float\.jsonl:3: malformed capture line \(\"tick\" is not an integer\)"),
-    Case("capture-header-type", ["agent", "--replay", "{d}/slow-every-string.jsonl", "--db", "{d}/new.db"], 65, r"slow-every-string\.jsonl:1: header \"slow_every\" is not a positive integer"),
-    Case("capture-random-gzip", ["agent", "--replay", "{d}/random.jsonl.gz", "--db", "{d}/new.db"], 65, r"cannot read capture .*random\.jsonl\.gz: Not a gzipped file"),
-    Case("capture-truncated-gzip", ["agent", "--replay", "{d}/truncated.jsonl.gz", "--db", "{d}/new.db"], 65, r"cannot read capture .*truncated\.jsonl\.gz: Compressed file ended"),
+    Case("capture-missing", replay_of("missing.jsonl"), 65, r"cannot read capture .*missing\.jsonl: No such file"),
+    Case("capture-directory", replay_of("a-directory"), 65, r"cannot read capture .*a-directory: Is a directory"),
+    Case("capture-empty", replay_of("empty.jsonl"), 65, r"empty\.jsonl is empty, not a vgpumon capture"),
+    Case("capture-header-only", replay_of("header-only.jsonl"), 65, r"header-only\.jsonl holds no ticks"),
+    Case("capture-no-header", replay_of("no-header.jsonl"), 65, r"no-header\.jsonl is not a vgpumon capture \(no header\)"),
+    Case("capture-not-json", replay_of("not-json.jsonl"), 65, r"not-json\.jsonl is not a vgpumon capture \(line 1 is not JSON\)"),
+    Case("capture-ts-string", replay_of("ts-string.jsonl"), 65, r"ts-string\.jsonl:3: malformed capture line \(\"ts\" is not a number"),
+    Case("capture-calls-dict", replay_of("calls-dict.jsonl"), 65, r"calls-dict\.jsonl:3: malformed capture line \(\"calls\" is not a list\)"),
+    Case("capture-tick-float", replay_of("tick-float.jsonl"), 65, r"tick-float\.jsonl:3: malformed capture line \(\"tick\" is not an integer\)"),
+    Case("capture-header-type", replay_of("slow-every-string.jsonl"), 65, r"slow-every-string\.jsonl:1: header \"slow_every\" is not a positive integer"),
+    Case("capture-random-gzip", replay_of("random.jsonl.gz"), 65, r"cannot read capture .*random\.jsonl\.gz: Not a gzipped file"),
+    Case("capture-truncated-gzip", replay_of("truncated.jsonl.gz"), 65, r"cannot read capture .*truncated\.jsonl\.gz: Compressed file ended"),
     # stores a reader cannot use: diagnose answers UNKNOWN (3), the other commands 69
     Case("stats-missing-store", ["db", "stats", "--db", "{d}/missing.db"], 69, r"no store at .*missing\.db: it does not exist"),
     Case("stats-directory", ["db", "stats", "--db", "{d}/a-directory"], 69, r"no store at .*a-directory: it is not a file"),
