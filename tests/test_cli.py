@@ -111,7 +111,10 @@ def test_db_commands_upgrade_stats_and_prune(tmp_path):
     stats = json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"]
     raw = next(t for t in stats if t["table"] == "gpu_samples")
     assert raw["rows"] > 60 and raw["bytes"] > 0 and raw["oldest"] < raw["newest"]
-    pruned = run("db", "prune", "--db", url, "--raw-retention", "1s", "--json")
+    unconfirmed = run("db", "prune", "--db", url, "--raw-retention", "1s", "--json")
+    assert unconfirmed.returncode == 64 and "--yes" in unconfirmed.stderr, "a retention under 1h asks for --yes"
+    assert json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"][0]["rows"] == raw["rows"]
+    pruned = run("db", "prune", "--db", url, "--raw-retention", "1s", "--yes", "--json")
     assert pruned.returncode == 0, pruned.stderr
     assert json.loads(pruned.stdout)["rows_deleted"] == raw["rows"]
     after = {t["table"]: t for t in json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"]}

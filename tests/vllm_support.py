@@ -1,30 +1,36 @@
-"""Helpers of the vLLM tests: where the shared recorded captures are, and a source wired to a
-fake clock."""
+"""Helpers of the vLLM tests: where the recorded captures are, and a source wired to a fake
+clock."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.testing.vllm import FakeClock, FakeVllmServer
 
-SHARED_ENV = "VGPUMON_SHARED"
+TESTS = Path(__file__).resolve().parent
+#: Where ``shared_dir`` finds each shared part, inside the repository (provenance:
+#: tests/data/README.md), so that a fresh clone runs every test that does not need Postgres or a
+#: real vLLM.
+_IN_REPO = {"fixtures": TESTS / "data", "tools": TESTS}
 
 
 def shared_dir(*parts: str) -> Path:
-    """A directory of the shared test material: ``$VGPUMON_SHARED``, else ``shared/`` beside the
-    repository root. Skips the test when it is absent (a checkout without the shared captures)."""
-    root = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[1].parent / "shared")
-    path = root.joinpath(*parts)
+    """A directory of recorded test material: ``shared_dir("fixtures", "vllm-real")`` is
+    ``tests/data/vllm-real``, ``shared_dir("tools", "vllm-cpu")`` is ``tests/vllm-cpu``.
+
+    Raises:
+        FileNotFoundError: no such directory in the repository (a test that names a new one
+            must add it, with its provenance, under ``tests/data``).
+    """
+    head, *rest = parts
+    path = _IN_REPO[head].joinpath(*rest)
     if not path.is_dir():
-        pytest.skip(f"shared test material not found at {path} (set {SHARED_ENV})")
+        raise FileNotFoundError(f"test material {path} is missing from the repository")
     return path
 
 

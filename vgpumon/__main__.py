@@ -1,6 +1,6 @@
 """``python -m vgpumon`` runs the same CLI as the ``vgpumon`` console script."""
 
-from vgpumon.cli import main
+from vgpumon.launch import main
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,14 @@
-"""Command line: parses, calls a core function, maps domain errors to exit codes.
+"""Command line: parses, loads the settings, calls a core function, maps outcomes to exit codes.
 
-Exit codes (one table for every command, see README): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN,
-64 usage error, 65 unreadable input file, 69 NVML (driver) unavailable, 70 internal error.
+Exit codes (one table for every command, README and docs/cli.md): 0 OK, 1 WARNING, 2 CRITICAL,
+3 UNKNOWN (``diagnose`` only), 64 usage error, 65 bad input file (capture, config file), 69 NVML
+or the store unavailable, 70 internal error, 130 interrupted (Ctrl-C; the agent and ``record``
+stop cleanly with 0 instead). Every failure is one line on stderr, secrets masked, never a
+traceback (except 70, which logs one to report).
+
+Settings-backed options (``--db``, ``--interval``, ``--window``, ...) default to ``None`` here:
+``None`` means "not given", and the value comes from the environment, the config file or the
+default (``vgpumon.config``), which also validates it and names the option in the error.
 """
 
 from __future__ import annotations
@@ -9,34 +16,39 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import signal
 import sys
+import threading
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
 from vgpumon import __version__
-from vgpumon.errors import ExitCode, StoreUnavailableError, VgpumonError
+from vgpumon.errors import ExitCode, StoreUnavailableError, UsageError, VgpumonError
+from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
+    from vgpumon.config import Flags, Settings
     from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
+T = TypeVar("T")
 
 # typer ≥ 0.20 vendors click as ``typer._click``; older releases use click itself. Take the
 # exception classes from typer's public BadParameter so that both work.
 _USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 _CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
+
 app = typer.Typer(
     name="vgpumon",
     help=(
         "GPU fleet telemetry and diagnostics for LLM inference hosts.\n\n"
         "Run `vgpumon agent` on each GPU host to sample NVML into a store; run "
-        "`vgpumon diagnose <host>` to read what the store says about a host."
+        "`vgpumon diagnose <host>` to read what the store says about a host. Settings come from "
+        "flags, VGPUMON_* variables and a TOML config file (`vgpumon config show`)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -47,19 +59,18 @@ DbOption = Annotated[
     Optional[str],
     typer.Option(
         "--db",
-        envvar="VGPUMON_DB",
-        help="Store URL: sqlite:///path.db (default: a file under the user's data directory) or postgresql+psycopg://...",
+        help="Store: sqlite:///path.db, a file path, or postgresql+psycopg://user@host/db "
+        "(default: vgpumon.db under the user's data directory; VGPUMON_DB, setting store.url).",
         show_default=False,
     ),
 ]
-
-
 RawRetentionOption = Annotated[
-    str, typer.Option("--raw-retention", envvar="VGPUMON_RAW_RETENTION", help="How long raw per-tick rows are kept (72h, 3d).")
+    Optional[str], typer.Option("--raw-retention", help="How long raw per-tick rows are kept (default 72h; setting store.raw_retention).")
 ]
 RollupRetentionOption = Annotated[
-    str, typer.Option("--rollup-retention", envvar="VGPUMON_ROLLUP_RETENTION", help="How long 1-minute rollups are kept (90d).")
+    Optional[str], typer.Option("--rollup-retention", help="How long 1-minute rollups are kept (default 90d; setting store.rollup_retention).")
 ]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")]
 
 
 class LogLevel(str, Enum):
@@ -82,24 +93,95 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    log_level: Annotated[LogLevel, typer.Option("--log-level", envvar="VGPUMON_LOG_LEVEL", help="How much to log on stderr.")] = LogLevel.warning,
+    ctx: typer.Context,
+    config: Annotated[
+        Optional[Path],
+        typer.Option("--config", help="TOML config file (default: $VGPUMON_CONFIG, else config.toml under the user's config directory).", show_default=False),
+    ] = None,
+    log_level: Annotated[Optional[LogLevel], typer.Option("--log-level", help="How much to log on stderr (default warning; VGPUMON_LOG_LEVEL).")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
-    logging.basicConfig(
-        level=getattr(logging, log_level.value.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    ctx.obj = {"config": config, "log_level": log_level.value if log_level else None}
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    # every log line and traceback goes through the one masking helper (no passwords on screen)
+    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))
     # Alembic narrates every migration step at INFO; one line from vgpumon.store.migrate says it.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
 
 
-def _parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '1d' → seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 90s, 15m, 2h)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+def _settings(ctx: typer.Context, flags: "Flags | None" = None) -> "Settings":
+    """The effective settings of this invocation: the flags given over environment, config file
+    and defaults (``vgpumon.config.load_settings``); also sets up logging."""
+    from vgpumon.config import load_settings
+
+    root = ctx.find_root().obj or {}
+    given = dict(flags or {})
+    given[("log_level",)] = ("--log-level", root.get("log_level"))
+    settings = load_settings(root.get("config"), given)
+    _setup_logging(settings.log_level)
+    return settings
+
+
+def _duration_param(value: Optional[str]) -> Optional[float]:
+    """Click callback of the per-run duration options (``--duration``): parsed before the
+    command runs, so a bad value is refused before anything is created."""
+    from vgpumon.config import parse_duration
+
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _store_kwargs(settings: "Settings", *, cap_s: float | None = None) -> dict[str, Any]:
+    """``Store`` timeouts from the settings; ``cap_s`` bounds them (diagnose's deadline)."""
+    st = settings.store
+
+    def cap(v: float) -> float:
+        return v if cap_s is None else min(v, cap_s)
+
+    return {
+        "busy_timeout_ms": int(cap(st.busy_timeout) * 1000),
+        "connect_timeout_s": cap(st.connect_timeout),
+        "statement_timeout_s": cap(st.statement_timeout),
+    }
+
+
+def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
+    """Run ``fn`` on a daemon thread and wait at most ``seconds`` for it: a database that
+    accepts the connection and then never answers must not hold a command (or the monitoring
+    that runs it) for the kernel's TCP timeout (130 s seen).
+
+    Raises:
+        StoreUnavailableError: ``fn`` did not finish in time (``what`` names the store).
+        Exception: whatever ``fn`` raised.
+    """
+    from vgpumon.config import format_duration
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="vgpumon-bounded", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise StoreUnavailableError(f"store {what} did not answer within {format_duration(seconds)}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 async def _run_until_signal(agent: "object") -> "object":
@@ -112,99 +194,132 @@ async def _run_until_signal(agent: "object") -> "object":
 
 @app.command()
 def agent(
+    ctx: typer.Context,
     db: DbOption = None,
-    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between ticks.")] = 1.0,
-    duration: Annotated[Optional[str], typer.Option(help="Stop after this long (90s, 15m, 2h); default: until SIGINT/SIGTERM.")] = None,
+    interval: Annotated[Optional[str], typer.Option(help="Time between ticks: 1s, 0.5 (default 1s; setting agent.interval).")] = None,
+    duration: Annotated[
+        Optional[str], typer.Option(callback=_duration_param, help="Stop after this long (90s, 15m, 2h); default: until SIGINT/SIGTERM.")
+    ] = None,
     replay: Annotated[
         Optional[Path],
-        typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed).", exists=True, dir_okay=False),
+        typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed)."),
     ] = None,
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
-    hostname: Annotated[Optional[str], typer.Option(envvar="VGPUMON_HOSTNAME", help="Name this host is stored under (default: the system host name).")] = None,
+    hostname: Annotated[
+        Optional[str],
+        typer.Option(help="Name this host is stored under, also for a replay (default: the system host name; VGPUMON_HOSTNAME, setting agent.hostname)."),
+    ] = None,
     slow_every: Annotated[
-        Optional[int], typer.Option(min=1, help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
+        Optional[int], typer.Option(help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
-    host_every: Annotated[int, typer.Option(min=1, help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks.")] = 5,
+    host_every: Annotated[
+        Optional[int], typer.Option(help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks (default 5).")
+    ] = None,
     vllm_url: Annotated[
         Optional[list[str]],
-        typer.Option("--vllm-url", envvar="VGPUMON_VLLM_URLS", help="Also scrape this vLLM server (repeatable), e.g. one in a container."),
+        typer.Option("--vllm-url", help="Also scrape this vLLM server (repeatable), e.g. one in a container (VGPUMON_VLLM_URLS, setting vllm.urls)."),
     ] = None,
     no_vllm: Annotated[bool, typer.Option("--no-vllm", help="Do not discover or scrape vLLM servers.")] = False,
-    vllm_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between vLLM scrapes.")] = 2.0,
+    vllm_interval: Annotated[Optional[str], typer.Option(help="Time between vLLM scrapes (default 2s; setting vllm.interval).")] = None,
     spool: Annotated[
         Optional[Path],
-        typer.Option(envvar="VGPUMON_SPOOL", help="Directory where ticks wait while the store is unreachable; put it on another disk than a SQLite store (default: under the user's state directory).", file_okay=False),
+        typer.Option(
+            help="Directory where ticks wait while the store is unreachable; put it on another disk than a SQLite store "
+            "(default: under the user's state directory; VGPUMON_SPOOL, setting agent.spool).",
+            file_okay=False,
+        ),
     ] = None,
-    spool_max_mb: Annotated[int, typer.Option(min=1, help="Spool size above which its oldest ticks are folded into 1-minute rollups.")] = 1024,
-    buffer_max_rows: Annotated[int, typer.Option(min=1, help="Rows held in memory when the spool cannot be written; above it the oldest are folded into 1-minute rollups.")] = 8 * 3600,
-    raw_retention: RawRetentionOption = "72h",
-    rollup_retention: RollupRetentionOption = "90d",
+    spool_max_mb: Annotated[
+        Optional[int], typer.Option(help="Spool size above which its oldest ticks are folded into 1-minute rollups (default 1024).")
+    ] = None,
+    buffer_max_rows: Annotated[
+        Optional[int],
+        typer.Option(help="Rows held in memory when the spool cannot be written; above it the oldest are folded into 1-minute rollups (default 28800)."),
+    ] = None,
+    raw_retention: RawRetentionOption = None,
+    rollup_retention: RollupRetentionOption = None,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
     Runs until SIGINT/SIGTERM or --duration; the tick in progress and every pending row are
-    written before it exits. Without an NVIDIA driver it exits 69 with one line naming the cause.
+    written before it exits (0). Without an NVIDIA driver, or with a store it cannot use, it
+    exits 69 with one line naming the cause.
 
     Examples:\n
       vgpumon agent                                     # sample into the default SQLite store\n
       vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
     """
+    settings = _settings(
+        ctx,
+        {
+            ("store", "url"): ("--db", db),
+            ("store", "raw_retention"): ("--raw-retention", raw_retention),
+            ("store", "rollup_retention"): ("--rollup-retention", rollup_retention),
+            ("agent", "interval"): ("--interval", interval),
+            ("agent", "hostname"): ("--hostname", hostname),
+            ("agent", "slow_every"): ("--slow-every", slow_every),
+            ("agent", "host_every"): ("--host-every", host_every),
+            ("agent", "gpm"): ("--no-gpm", False if no_gpm else None),
+            ("agent", "spool"): ("--spool", spool),
+            ("agent", "spool_max_mb"): ("--spool-max-mb", spool_max_mb),
+            ("agent", "buffer_max_rows"): ("--buffer-max-rows", buffer_max_rows),
+            ("vllm", "urls"): ("--vllm-url", vllm_url or None),
+            ("vllm", "enabled"): ("--no-vllm", False if no_vllm else None),
+            ("vllm", "interval"): ("--vllm-interval", vllm_interval),
+        },
+    )
     from vgpumon.agent import Agent
-    from vgpumon.config import default_db_url, default_hostname, default_spool_dir
+    from vgpumon.sources.host import HostSource
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.nvml_backend import ReplayBackend
     from vgpumon.store import open_store
     from vgpumon.store.retention import Retention
     from vgpumon.store.spool import Backlog
 
-    backend = ReplayBackend(replay) if replay else None
+    a, st = settings.agent, settings.store
+    assert st.url is not None and a.hostname is not None and a.spool is not None  # filled by load_settings
+    backend = ReplayBackend(replay) if replay else None  # a bad capture: exit 65 before anything is created
+    slow_every = a.slow_every
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
-    source = NvmlSource(backend, slow_every=slow_every, use_gpm=not no_gpm)
+    source = NvmlSource(backend, slow_every=slow_every, use_gpm=a.gpm)
     source.start()  # no NVIDIA stack: exit 69 here, before a store is created for nothing
-    url = db or default_db_url()
-    raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
-    try:
-        store = open_store(url)  # runs the migrations (under an advisory lock on Postgres)
-    except StoreUnavailableError as exc:
-        raise StoreStartError(str(exc)) from None
-    from vgpumon.sources.host import HostSource
-
+    store = open_store(st.url, **_store_kwargs(settings))  # migrates (advisory lock / file lock)
     vllm = None
-    if not no_vllm and (replay is None or vllm_url):
+    if settings.vllm.enabled and (replay is None or settings.vllm.urls):
         from vgpumon.sources.vllm import NoProcesses, VllmSource
 
         # a replay reads a recorded host: only configured servers, no discovery on this one
-        vllm = VllmSource(static_urls=vllm_url or (), processes=NoProcesses() if replay else None, interval=vllm_interval)
-    backlog = Backlog(spool or default_spool_dir(url), max_spool_bytes=spool_max_mb << 20, max_memory_rows=buffer_max_rows)
+        vllm = VllmSource(
+            static_urls=settings.vllm.urls, processes=NoProcesses() if replay else None, interval=settings.vllm.interval
+        )
+    backlog = Backlog(a.spool, max_spool_bytes=a.spool_max_mb << 20, max_memory_rows=a.buffer_max_rows)
     runner = Agent(
         source,
         store,
         host=None if replay else HostSource(),
         sysfs_root=None if replay else "/sys",
-        host_every=host_every,
-        hostname=hostname or default_hostname(),
-        interval=interval,
-        duration=_parse_duration(duration) if duration else None,
+        host_every=a.host_every,
+        hostname=a.hostname,
+        interval=a.interval,
+        duration=duration,  # type: ignore[arg-type]  # seconds, from _duration_param
         paced=replay is None,
         recorded_pace=replay is not None and pace is Pace.recorded,
         vllm=vllm,
         backlog=backlog,
-        retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
+        retention=Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention),
     )
     try:
         stats = asyncio.run(_run_until_signal(runner))
     finally:
         store.close()
-    typer.echo(
-        f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {url}",  # type: ignore[attr-defined]
-        err=True,
+    _echo_err(
+        f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st.url}"  # type: ignore[attr-defined]
     )
     if stats.rows_folded:  # type: ignore[attr-defined]
-        typer.echo(
-            f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)",  # type: ignore[attr-defined]
-            err=True,
+        _echo_err(
+            f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)"  # type: ignore[attr-defined]
         )
     if stats.dead_letters:  # type: ignore[attr-defined]
         typer.echo(
@@ -212,22 +327,13 @@ def agent(
             err=True,
         )
     if stats.rows_spooled:  # type: ignore[attr-defined]
-        typer.echo(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run", err=True)  # type: ignore[attr-defined]
+        _echo_err(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run")  # type: ignore[attr-defined]
     if stats.rows_pending:  # type: ignore[attr-defined]
         raise typer.Exit(ExitCode.UNAVAILABLE)
 
 
-class StoreStartError(VgpumonError):
-    """The agent's store cannot be opened at start, or a ``db`` command cannot reach its store."""
-
-    exit_code = ExitCode.UNAVAILABLE
-
-
-def _retention_pair(raw: str, rollup: str) -> tuple[float, float]:
-    raw_s, rollup_s = _parse_duration(raw), _parse_duration(rollup)
-    if rollup_s < raw_s:
-        raise typer.BadParameter("--rollup-retention must be at least --raw-retention")
-    return raw_s, rollup_s
+def _echo_err(line: str) -> None:
+    typer.echo(mask_secrets(line), err=True)
 
 
 db_app = typer.Typer(
@@ -237,57 +343,77 @@ db_app = typer.Typer(
 )
 app.add_typer(db_app)
 
+config_app = typer.Typer(name="config", help="Show the effective settings.", no_args_is_help=True)
+app.add_typer(config_app)
 
-def _open_for_db(db: Optional[str], *, create: bool) -> "Store":
-    from vgpumon.config import default_db_url
+
+def _open_for_db(settings: "Settings", *, create: bool = False, read_only: bool = False) -> "Store":
     from vgpumon.store import Store
 
-    url = db or default_db_url()
-    try:
-        return Store(url, create=create)
-    except StoreUnavailableError as exc:
-        raise StoreStartError(str(exc)) from None
+    assert settings.store.url is not None
+    return Store(settings.store.url, create=create, read_only=read_only, **_store_kwargs(settings))
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: DbOption = None) -> None:
+def db_upgrade(ctx: typer.Context, db: DbOption = None) -> None:
     """Bring the store's schema to this version's newest revision (the agent does it at start).
 
-    Safe to run while agents write and from many hosts at once: on Postgres one advisory lock
-    serialises schema changes.
+    Safe to run while agents write and from many hosts at once: one lock (an advisory lock on
+    Postgres, a file lock on SQLite) serialises schema changes. A store migrated by a newer
+    vgpumon is left alone (exit 69).
     """
     from vgpumon.store.migrate import upgrade
 
-    store = _open_for_db(db, create=True)
+    settings = _settings(ctx, {("store", "url"): ("--db", db)})
+    store = _open_for_db(settings, create=True)
     try:
         before, after = upgrade(store.engine)
-    except StoreUnavailableError as exc:
-        raise StoreStartError(str(exc)) from None
     finally:
         store.close()
     typer.echo(f"store schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
 
 
+#: ``db prune`` asks for ``--yes`` below this retention: shorter windows delete nearly all rows.
+PRUNE_CONFIRM_BELOW_S = 3600.0
+
+
 @db_app.command("prune")
 def db_prune(
+    ctx: typer.Context,
     db: DbOption = None,
-    raw_retention: RawRetentionOption = "72h",
-    rollup_retention: RollupRetentionOption = "90d",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+    raw_retention: RawRetentionOption = None,
+    rollup_retention: RollupRetentionOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm a retention under 1h (it deletes nearly everything).")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Roll raw rows up into 1-minute rows, then drop what is older than the retention windows.
 
     The agent does the same in small steps while it runs; this runs it to completion. Raw rows
-    are never dropped before they are rolled up.
+    are never dropped before they are rolled up. A retention under 1h needs --yes.
     """
+    from vgpumon.config import format_duration
     from vgpumon.store.retention import Retention
 
-    raw_s, rollup_s = _retention_pair(raw_retention, rollup_retention)
-    store = _open_for_db(db, create=False)
+    settings = _settings(
+        ctx,
+        {
+            ("store", "url"): ("--db", db),
+            ("store", "raw_retention"): ("--raw-retention", raw_retention),
+            ("store", "rollup_retention"): ("--rollup-retention", rollup_retention),
+        },
+    )
+    st = settings.store
+    for key in ("raw_retention", "rollup_retention"):
+        value = getattr(st, key)
+        if value < PRUNE_CONFIRM_BELOW_S and not yes:
+            origin = settings.origins.get(f"store.{key}", key)
+            raise UsageError(
+                f"{origin} {format_duration(value)} is under 1h: db prune would delete nearly every "
+                f"{'raw row' if key == 'raw_retention' else 'rollup'}; add --yes if that is what you want"
+            )
+    store = _open_for_db(settings)
     try:
-        res = Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s).run()
-    except StoreUnavailableError as exc:
-        raise StoreStartError(str(exc)) from None
+        res = Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention).run()
     finally:
         store.close()
     out = {
@@ -306,23 +432,21 @@ def db_prune(
 
 
 @db_app.command("stats")
-def db_stats(
-    db: DbOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
-) -> None:
+def db_stats(ctx: typer.Context, db: DbOption = None, as_json: JsonOption = False) -> None:
     """Rows, bytes, oldest and newest sample of each time table, and the ticks whose full
-    resolution was lost (kept only as 1-minute rollups)."""
+    resolution was lost (kept only as 1-minute rollups). Reads only: never creates or changes a
+    file (a SQLite store is opened read-only)."""
     from vgpumon.diagnose import _iso
 
-    store = _open_for_db(db, create=False)
+    settings = _settings(ctx, {("store", "url"): ("--db", db)})
+    store = _open_for_db(settings, read_only=True)
     try:
         tables = store.table_stats()
-    except StoreUnavailableError as exc:
-        raise StoreStartError(str(exc)) from None
+        note = store.access_note
     finally:
         store.close()
     if as_json:
-        typer.echo(json.dumps({"tables": tables}, indent=2))
+        typer.echo(json.dumps({"tables": tables, "store_note": note}, indent=2))
         return
     typer.echo(f"{'table':<22} {'rows':>12} {'bytes':>14} {'oldest (UTC)':<26} {'newest (UTC)':<26}")
     for t in tables:
@@ -333,27 +457,40 @@ def db_stats(
     folded = next(t for t in tables if t["table"] == "gpu_samples_1m")["folded_samples"]
     if folded:
         typer.echo(f"{folded} raw ticks were kept only as 1-minute rollups (the store was away and the spool full)")
+    if note:
+        typer.echo(f"store {note}")
 
 
 @app.command()
 def record(
+    ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="Capture file to write (.jsonl, or .jsonl.gz to compress).", dir_okay=False)],
-    duration: Annotated[str, typer.Option(help="How long to record (60s, 5m).")] = "60s",
-    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between ticks.")] = 1.0,
+    duration: Annotated[str, typer.Option(callback=_duration_param, help="How long to record (60s, 5m).")] = "60s",
+    interval: Annotated[Optional[str], typer.Option(help="Time between ticks (default 1s; setting agent.interval).")] = None,
     mask: Annotated[bool, typer.Option("--mask", help="Replace GPU UUIDs, serials and the host name with neutral values.")] = False,
-    slow_every: Annotated[int, typer.Option(min=1, help="Read ECC counters and energy every N ticks.")] = 10,
+    slow_every: Annotated[Optional[int], typer.Option(help="Read ECC counters and energy every N ticks (default 10).")] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (records the pre-Hopper path).")] = False,
 ) -> None:
     """Record every NVML answer the agent gets, per tick, to a capture file.
 
     `vgpumon agent --replay FILE` answers the same calls from it through the same collector code,
-    keeping the capture's timestamps. Use --mask before sharing a capture.
+    keeping the capture's timestamps. Use --mask before sharing a capture. Ctrl-C stops it
+    cleanly (0) with the ticks so far.
     """
+    settings = _settings(
+        ctx,
+        {
+            ("agent", "interval"): ("--interval", interval),
+            ("agent", "slow_every"): ("--slow-every", slow_every),
+            ("agent", "gpm"): ("--no-gpm", False if no_gpm else None),
+        },
+    )
     from vgpumon.agent import Agent
-    from vgpumon.config import default_hostname
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.nvml_backend import LiveBackend, RecordingBackend
 
+    a = settings.agent
+    slow = a.slow_every or 10
     probe = NvmlSource(LiveBackend())
     probe.start()  # no NVIDIA stack: exit 69 before a capture file is created
     probe.close()
@@ -361,73 +498,168 @@ def record(
         LiveBackend(),
         file,
         mask=mask,
-        meta={"interval_s": interval, "slow_every": slow_every, "vgpumon": __version__},
+        meta={"interval_s": a.interval, "slow_every": slow, "vgpumon": __version__},
     )
-    source = NvmlSource(recorder, slow_every=slow_every, use_gpm=not no_gpm)
-    runner = Agent(source, None, hostname=default_hostname(), interval=interval, duration=_parse_duration(duration))
+    source = NvmlSource(recorder, slow_every=slow, use_gpm=a.gpm)
+    assert a.hostname is not None
+    runner = Agent(source, None, hostname=a.hostname, interval=a.interval, duration=duration)  # type: ignore[arg-type]
     try:
         stats = asyncio.run(_run_until_signal(runner))
     finally:
         recorder.close()
-    typer.echo(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}", err=True)  # type: ignore[attr-defined]
+    _echo_err(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}")  # type: ignore[attr-defined]
 
 
 @app.command()
 def diagnose(
+    ctx: typer.Context,
     host: Annotated[str, typer.Argument(help="Host name as stored by its agent; `localhost` means this machine.")],
     db: DbOption = None,
-    window: Annotated[str, typer.Option(help="Window ending at the host's newest stored sample (15m, 1h, 900s).")] = "15m",
+    window: Annotated[
+        Optional[str], typer.Option(help="Window ending at the host's newest stored sample: 15m, 1h, 900s (default 15m; setting diagnose.window).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     max_age: Annotated[
         Optional[str],
-        typer.Option(help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. Default: report on whatever is stored."),
+        typer.Option(
+            help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. "
+            "Default: report on whatever is stored (setting diagnose.max_age)."
+        ),
+    ] = None,
+    timeout: Annotated[
+        Optional[str], typer.Option(help="UNKNOWN (exit 3) when the store has not answered within this long (default 10s; setting diagnose.timeout).")
     ] = None,
 ) -> None:
     """Report per GPU what the store shows for a recent window, for the on-call engineer.
 
     Exit status follows monitoring-plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
-    3 UNKNOWN (host not in the store, no samples, store unreachable).
+    3 UNKNOWN (host not in the store, no samples, store unreachable or not answering). Reads
+    only: never creates or changes a file (a SQLite store is opened read-only).
     """
-    from vgpumon.config import default_db_url
+    settings = _settings(
+        ctx,
+        {
+            ("store", "url"): ("--db", db),
+            ("diagnose", "window"): ("--window", window),
+            ("diagnose", "max_age"): ("--max-age", max_age),
+            ("diagnose", "timeout"): ("--timeout", timeout),
+        },
+    )
     from vgpumon.diagnose import build_report, exit_code, resolve_host, unknown_report
     from vgpumon.render import render_diagnose
     from vgpumon.store import Store
+    from vgpumon.store.engine import describe_store, normalise_url
 
-    seconds = _parse_duration(window)
-    max_age_s = _parse_duration(max_age) if max_age else None
-    url = db or default_db_url()
-    try:
-        store = Store(url, create=False)
+    d = settings.diagnose
+    url = settings.store.url
+    assert url is not None
+    local = settings.agent.hostname
+
+    def report() -> dict[str, Any]:
+        store = Store(url, read_only=True, **_store_kwargs(settings, cap_s=d.timeout))
         try:
-            report = build_report(store, host, window_seconds=seconds, max_age_seconds=max_age_s)
+            rep = build_report(store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local)
+            if store.access_note:
+                rep["store_note"] = store.access_note
+            return rep
         finally:
             store.close()
+
+    try:
+        rep = _within(d.timeout, report, describe_store(normalise_url(url)))
     except StoreUnavailableError as exc:
-        typer.echo(f"vgpumon: {exc}", err=True)
-        report = unknown_report(resolve_host(host), str(exc))
+        _echo_err(f"vgpumon: {exc}")
+        rep = unknown_report(resolve_host(host, local), mask_secrets(str(exc)))
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(rep, indent=2))
     else:
-        typer.echo(render_diagnose(report))
-    raise typer.Exit(exit_code(report))
+        typer.echo(render_diagnose(rep))
+    raise typer.Exit(exit_code(rep))
+
+
+@config_app.command("show")
+def config_show(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Print the effective settings (flags aside: environment, config file, defaults), each with
+    where it came from; passwords are masked. The text form is a valid config file."""
+    from vgpumon.config import field_descriptions, settings_document
+
+    settings = _settings(ctx)
+    doc = settings_document(settings, with_origins=True)
+    if as_json:
+        typer.echo(json.dumps({"config_file": str(settings.config_file) if settings.config_file else None, "settings": doc}, indent=2))
+        return
+    typer.echo(_toml(doc, settings.config_file, field_descriptions()))
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def _toml(doc: dict[str, Any], config_file: Path | None, descriptions: dict[str, str]) -> str:
+    lines = [f"# vgpumon {__version__}: effective settings; config file: {config_file or 'none'}"]
+
+    def entry(path: str, key: str, item: dict[str, Any]) -> None:
+        origin = item["from"]
+        if item["value"] is None:
+            lines.append(f"# {key} = (unset: {descriptions.get(path, '')})")
+        else:
+            lines.append(f"{key} = {_toml_value(item['value'])}" + ("" if origin == "default" else f"  # from {origin}"))
+
+    for key, item in doc.items():
+        if "value" in item:
+            entry(key, key, item)
+    for section, items in doc.items():
+        if "value" in items:
+            continue
+        lines += ["", f"[{section}]"]
+        for key, item in items.items():
+            entry(f"{section}.{key}", key, item)
+    return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    # "Value error, " is pydantic's prefix, which typer passes on for enum options
+    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: runs the app and maps every outcome to the exit-code table."""
+    """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
+    exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
+    commands that stop cleanly on it (``vgpumon.launch``)."""
+    from vgpumon.launch import install_signal_handlers, stops_cleanly
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    install_signal_handlers(argv)
+    interrupted = ExitCode.OK if stops_cleanly(argv) else ExitCode.INTERRUPTED
     try:
         rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
+        if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
+            rv = interrupted
     except _USAGE_ERROR as exc:
-        exc.show()  # type: ignore[attr-defined]
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `vgpumon`, `vgpumon db`: the help is the answer
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(ExitCode.USAGE)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}{hint}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
+        sys.exit(interrupted)
     except VgpumonError as exc:
-        print(f"vgpumon: {exc}", file=sys.stderr)
+        print(f"vgpumon: {mask_secrets(_one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except _CLICK_EXCEPTION as exc:
-        exc.show()  # type: ignore[attr-defined]
+        print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+        if not logging.getLogger().handlers:
+            _setup_logging("warning")
         log.exception("internal error")
         sys.exit(ExitCode.SOFTWARE)
     sys.exit(int(rv) if isinstance(rv, int) else 0)

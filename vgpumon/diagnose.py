@@ -41,10 +41,11 @@ def _iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def resolve_host(host: str) -> str:
+def resolve_host(host: str, local: str | None = None) -> str:
     """Map the ``host`` argument to a stored host name: ``localhost`` → the name this machine's
-    agent stores under (``$VGPUMON_HOSTNAME`` or the system host name)."""
-    return default_hostname() if host in {"localhost", "127.0.0.1", "::1"} else host
+    agent stores under (``local``: the ``agent.hostname`` setting; ``None``: the system host
+    name)."""
+    return (local or default_hostname()) if host in {"localhost", "127.0.0.1", "::1"} else host
 
 
 def _rejected_reason(item: tuple[int, str] | None) -> str | None:
@@ -238,7 +239,13 @@ def _gpu_report(
 
 
 def build_report(
-    store: Store, host: str, *, window_seconds: float = 900.0, now: float | None = None, max_age_seconds: float | None = None
+    store: Store,
+    host: str,
+    *,
+    window_seconds: float = 900.0,
+    now: float | None = None,
+    max_age_seconds: float | None = None,
+    local_hostname: str | None = None,
 ) -> dict[str, Any]:
     """Build the diagnose report of one host from the store.
 
@@ -250,6 +257,7 @@ def build_report(
         max_age_seconds: when set, a newest sample older than this makes the report UNKNOWN
             ("is the agent running?"), as monitoring plugins treat stale data; ``None`` reports
             on whatever the store holds (replays, post-mortems).
+        local_hostname: the name ``localhost`` stands for (``resolve_host``).
 
     Returns:
         A JSON-able dict: ``host``, ``status`` (``ok``/``warning``/``critical``/``unknown``),
@@ -263,7 +271,7 @@ def build_report(
     import time
 
     now = time.time() if now is None else now
-    hostname = resolve_host(host)
+    hostname = resolve_host(host, local_hostname)
     report = unknown_report(hostname)
     known = store.hostnames()  # also checks that the store holds vgpumon tables
     gpus = store.gpus_of(hostname) if hostname in known else []

@@ -2,7 +2,8 @@
 
 The table follows the monitoring-plugin convention that on-call tooling already reads
 (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN) and ``sysexits.h`` for everything else, so that a
-usage error (64) is never mistaken for CRITICAL (2).
+usage error (64) is never mistaken for CRITICAL (2). Each code means one thing in every command;
+README.md and docs/cli.md hold the table.
 """
 
 from __future__ import annotations
@@ -16,17 +17,30 @@ class ExitCode(enum.IntEnum):
     OK = 0
     WARNING = 1
     CRITICAL = 2
-    UNKNOWN = 3
-    USAGE = 64  # EX_USAGE
-    DATAERR = 65  # EX_DATAERR: an input file (capture) is malformed
-    UNAVAILABLE = 69  # EX_UNAVAILABLE: no NVIDIA driver / library on this host
+    UNKNOWN = 3  # diagnose only: no data, host unknown, store unreachable
+    USAGE = 64  # EX_USAGE: a bad option, argument, environment variable
+    DATAERR = 65  # EX_DATAERR: an input file (capture, config file) is missing or malformed
+    UNAVAILABLE = 69  # EX_UNAVAILABLE: no NVIDIA driver / library, or the store cannot be used
     SOFTWARE = 70  # EX_SOFTWARE: unexpected internal error
+    INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C (every command but the agent, which stops cleanly: 0)
 
 
 class VgpumonError(Exception):
     """Base of errors that the CLI turns into one clear line and an exit code."""
 
     exit_code: ExitCode = ExitCode.SOFTWARE
+
+
+class UsageError(VgpumonError):
+    """An option, argument or environment variable has a value vgpumon cannot use."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConfigFileError(VgpumonError):
+    """The config file is missing, unreadable, not TOML, or holds an invalid setting."""
+
+    exit_code = ExitCode.DATAERR
 
 
 class NvmlUnavailableError(VgpumonError):
@@ -36,12 +50,15 @@ class NvmlUnavailableError(VgpumonError):
 
 
 class CaptureFormatError(VgpumonError):
-    """A capture file cannot be read (not a vgpumon capture, truncated, wrong version)."""
+    """A capture file cannot be read (missing, not a vgpumon capture, truncated, wrong version,
+    fields of the wrong type, no ticks)."""
 
     exit_code = ExitCode.DATAERR
 
 
 class StoreUnavailableError(VgpumonError):
-    """The store (database) cannot be opened or queried."""
+    """The store (database) cannot be opened, queried or written: unreachable, timed out,
+    read-only, full, of a newer schema, or holding something else. ``diagnose`` reports it as
+    UNKNOWN (3); every other command exits 69."""
 
-    exit_code = ExitCode.UNKNOWN
+    exit_code = ExitCode.UNAVAILABLE

@@ -101,4 +101,6 @@ def render_diagnose(report: dict[str, Any]) -> str:
         )
         for f in g["findings"]:
             out.append(f"  [{f['severity'].upper()}] {f['message']}")
+    if report.get("store_note"):  # e.g. a SQLite store read as an immutable snapshot
+        out += ["", f"store {report['store_note']}"]
     return "\n".join(out)

@@ -32,9 +32,11 @@ import gzip
 import io
 import itertools
 import json
+import math
 import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
@@ -574,37 +576,86 @@ def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _shape_error(tick: Any) -> str | None:
+    """What is wrong with the shape of one tick line, ``None`` when nothing is."""
+    if not isinstance(tick, dict):
+        return "not a JSON object"
+    if not _is_int(tick.get("tick")):
+        return '"tick" is not an integer'
+    if tick["tick"] >= 0 and not _is_number(tick.get("ts")):
+        return '"ts" is not a number of seconds'
+    calls = tick.get("calls")
+    if not isinstance(calls, list):
+        return '"calls" is not a list'
+    for call in calls:
+        if not (isinstance(call, list) and len(call) == 5):
+            return "a call is not [scope, function, args, kwargs, outcome]"
+        scope, fn, args, kwargs, outcome = call
+        if not (scope == "sys" or _is_int(scope)) or not isinstance(fn, str):
+            return "a call's scope or function name has the wrong type"
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            return f"{fn}: args or kwargs have the wrong type"
+        if not isinstance(outcome, dict) or not (("v" in outcome) ^ ("e" in outcome)):
+            return f"{fn}: outcome is not {{\"v\": value}} or {{\"e\": code}}"
+        if "e" in outcome and not _is_int(outcome["e"]):
+            return f"{fn}: error code is not an integer"
+    return None
+
+
 def _check_header(path: Path, first: str | None) -> dict[str, Any]:
-    if first is None:
+    if not first or not first.strip():
         raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
     try:
         header = json.loads(first)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise CaptureFormatError(f"{path} is not a vgpumon capture (line 1 is not JSON)") from None
     if not isinstance(header, dict) or "vgpumon_capture" not in header:
         raise CaptureFormatError(f"{path} is not a vgpumon capture (no header)")
     if header["vgpumon_capture"] != CAPTURE_FORMAT_VERSION:
         raise CaptureFormatError(
-            f"{path} has capture format {header['vgpumon_capture']}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
+            f"{path} has capture format {header['vgpumon_capture']!r}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
         )
+    if "slow_every" in header and not (_is_int(header["slow_every"]) and header["slow_every"] >= 1):
+        raise CaptureFormatError(f"{path}:1: header \"slow_every\" is not a positive integer")
     return header
 
 
+def _read_error(path: Path, exc: BaseException, where: str = "") -> CaptureFormatError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+    return CaptureFormatError(f"cannot read capture {path}{where}: {reason}")
+
+
 def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
-    """The ticks of an open capture after its header line, one line at a time."""
+    """The ticks of an open capture after its header line, one line at a time, each checked for
+    its shape; a capture without a single tick is an error too (a header only: the recording was
+    stopped at once)."""
     n = 1
+    seen = False
     try:
         for n, line in enumerate(f, start=2):
             if not line.strip():
                 continue
             try:
                 tick = json.loads(line)
-                tick["tick"], tick["calls"]  # noqa: B018 - shape check
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise CaptureFormatError(f"{path}:{n}: malformed capture line") from None
+            except (json.JSONDecodeError, RecursionError):
+                raise CaptureFormatError(f"{path}:{n}: malformed capture line (not JSON)") from None
+            problem = _shape_error(tick)
+            if problem:
+                raise CaptureFormatError(f"{path}:{n}: malformed capture line ({problem})")
+            seen = seen or tick["tick"] >= 0
             yield tick
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise CaptureFormatError(f"cannot read capture {path} after line {n}: {exc}") from None
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        raise _read_error(path, exc, f" after line {n}") from None
+    if not seen:
+        raise CaptureFormatError(f"{path} holds no ticks (a header only: was the recording stopped at once?)")
 
 
 def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
@@ -618,15 +669,16 @@ def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, A
         first, and closes the file when exhausted (or garbage-collected).
 
     Raises:
-        CaptureFormatError: the file is missing, not a vgpumon capture or of an unknown format
-            version; while iterating, a malformed line (its number is named) or a truncated file.
+        CaptureFormatError: the file is missing or unreadable, not a vgpumon capture or of an
+            unknown format version; while iterating, a line that is not JSON or has fields of
+            the wrong type (its number is named), a truncated file, or no tick at all.
     """
     path = Path(path)
     try:
         f = _open_text(path, "r")
         first = f.readline() or None
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise CaptureFormatError(f"cannot read capture {path}: {exc}") from None
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        raise _read_error(path, exc) from None
     try:
         header = _check_header(path, first)
     except CaptureFormatError:
@@ -647,8 +699,7 @@ def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
         ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
 
     Raises:
-        CaptureFormatError: the file is missing, not a vgpumon capture, of an unknown format
-            version, or has a malformed line (its number is named).
+        CaptureFormatError: as ``iter_capture``, for the whole file at once.
     """
     header, ticks = iter_capture(path)
     return header, list(ticks)
@@ -691,7 +742,11 @@ class ReplayBackend:
         self._init: dict[str, list[dict[str, Any]]] = {}
         if first is not None and first["tick"] < 0:
             self._init = self._index(first["calls"])
-        elif first is not None:
+            first = next(stream, None)
+        # The first tick is read now, so that a capture without ticks, or whose first tick is
+        # malformed, is refused before the caller creates anything (a store); later lines are
+        # read as the replay reaches them.
+        if first is not None:
             stream = itertools.chain([first], stream)
         self._ticks: Iterator[Mapping[str, Any]] = (t for t in stream if t["tick"] >= 0)
         self._current: dict[str, list[dict[str, Any]]] = {}

@@ -1,34 +1,81 @@
-"""Engine creation: SQLite (default) or Postgres through one SQLAlchemy URL."""
+"""Engine creation: SQLite (default) or Postgres through one SQLAlchemy URL, with bounded waits,
+and read-only opening for the commands that only read.
+
+Readers (``diagnose``, ``db stats``) never create or change a file. On SQLite they open the
+database read-only: ``mode=ro`` while its ``-shm`` file exists (an agent has it open, or died
+with it open: the write-ahead log may hold the newest rows, and only a WAL-aware connection sees
+them), else ``immutable=1``. With no ``-shm`` no connection has the database open, so nothing
+can change under the reader; and ``mode=ro`` would have to create ``-wal`` and ``-shm`` first,
+which leaves files behind in a writable directory and fails in a read-only one ("attempt to
+write a readonly database", SQLITE_READONLY_DIRECTORY, checked with SQLite 3.40). When
+``mode=ro`` cannot open it (the ``-shm`` of another user, in a directory we cannot write),
+the reader falls back to ``immutable=1`` and says so (``sqlite_access``). On Postgres a reader's
+sessions are ``default_transaction_read_only``.
+"""
 
 from __future__ import annotations
 
+import math
+import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from vgpumon.errors import StoreUnavailableError
+from vgpumon.masking import mask_secrets
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+#: libpq counts ``connect_timeout`` in whole seconds and treats anything under 2 as 2.
+MIN_CONNECT_TIMEOUT_S = 2
 
 
-def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+def unavailable(engine_or_url: Engine | URL | str, exc: BaseException | str) -> StoreUnavailableError:
+    """The one-line ``StoreUnavailableError`` of a failed store operation.
+
+    Args:
+        engine_or_url: the store (its URL is named with the password masked).
+        exc: the driver's exception (its first line is kept) or a message.
+    """
+    url = engine_or_url.url if isinstance(engine_or_url, Engine) else engine_or_url
+    shown = describe_store(url) if isinstance(url, URL) else str(url)
+    detail = exc if isinstance(exc, str) else str(getattr(exc, "orig", None) or exc).strip()
+    first = (detail.splitlines() or [type(exc).__name__])[0]
+    return StoreUnavailableError(mask_secrets(f"store {shown} unavailable: {first}"))
+
+
+def describe_store(url: URL | Engine) -> str:
+    """How messages name a store: a SQLite file by its path, any other by its URL with the
+    password masked."""
+    url = url.url if isinstance(url, Engine) else url
+    file = sqlite_file(url)
+    return str(file) if file is not None else mask_secrets(url.render_as_string(hide_password=True))
+
+
+def _sqlite_pragmas(busy_timeout_ms: int, read_only: bool) -> Any:
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        _apply_pragmas(dbapi_connection, busy_timeout_ms)
+        _apply_pragmas(dbapi_connection, busy_timeout_ms, read_only)
 
     return on_connect
 
 
-def _apply_pragmas(dbapi_connection: Any, busy_timeout_ms: int) -> None:
+def _apply_pragmas(dbapi_connection: Any, busy_timeout_ms: int, read_only: bool) -> None:
     cur = dbapi_connection.cursor()
-    # WAL: readers (diagnose, capacity) never block the agent's writes, and the agent never
-    # blocks them (tests/test_store.py holds a read transaction open while the agent writes).
-    cur.execute("PRAGMA journal_mode=WAL")
     # A reader's checkpoint or a second writer can hold the lock briefly: wait rather than fail.
     # After this long the agent's write fails and its batch goes to the spool instead.
     cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    if read_only:
+        # Belt and braces over mode=ro / immutable=1: a reader's statement can never write.
+        # journal_mode is not set: on an empty file that alone would write a database header.
+        cur.execute("PRAGMA query_only=ON")
+        cur.close()
+        return
+    # WAL: readers (diagnose, capacity) never block the agent's writes, and the agent never
+    # blocks them (tests/test_store.py holds a read transaction open while the agent writes).
+    cur.execute("PRAGMA journal_mode=WAL")
     # In WAL mode NORMAL is durable across application crashes and only a power loss can undo
     # the last commits; FULL would fsync on every batch for little gain in a telemetry store.
     cur.execute("PRAGMA synchronous=NORMAL")
@@ -37,35 +84,135 @@ def _apply_pragmas(dbapi_connection: Any, busy_timeout_ms: int) -> None:
     cur.close()
 
 
-def make_engine(url: str, *, create_dirs: bool = True, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Engine:
+def normalise_url(url: str) -> URL:
+    """Parse a store URL; a plain path means a SQLite file.
+
+    Raises:
+        StoreUnavailableError: the URL cannot be parsed.
+    """
+    if "://" not in url:  # a plain file path: the SQLite store people mean when they type one
+        return URL.create("sqlite", database=str(Path(url).expanduser().resolve()))
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        raise StoreUnavailableError(f"not a database URL: {mask_secrets(url)!r} (e.g. sqlite:///vgpumon.db)") from None
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The database file of a SQLite URL (``sqlite:///x.db`` or the URI form
+    ``sqlite:///file:x.db?mode=ro&uri=true``); ``None`` for an in-memory database or another
+    engine."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    db = url.database
+    if db.startswith("file:") and str(url.query.get("uri", "")).lower() in ("true", "1"):
+        db = unquote(db[len("file:") :].split("?", 1)[0])
+        if db.startswith("//"):  # file://host/path: only an empty or "localhost" host is valid
+            db = "/" + db[2:].split("/", 1)[-1]
+        if not db or db == ":memory:":
+            return None
+    return Path(db).expanduser()
+
+
+def sqlite_access(engine: Engine) -> str:
+    """How a SQLite engine reads its file: ``"read-write"``, ``"read-only"`` (``mode=ro``) or
+    ``"immutable"`` (a snapshot: no locks, no write-ahead log). ``"read-write"`` for Postgres."""
+    q = engine.url.query
+    if str(q.get("immutable", "")) == "1":
+        return "immutable"
+    if q.get("mode") == "ro":
+        return "read-only"
+    return "read-write"
+
+
+def _sqlite_read_url(path: Path, mode: str) -> URL:
+    query = {"uri": "true", **({"immutable": "1"} if mode == "immutable" else {"mode": "ro"})}
+    return URL.create("sqlite", database="file:" + quote(str(path.resolve())), query=query)
+
+
+def make_engine(
+    url: str,
+    *,
+    create_dirs: bool = True,
+    read_only: bool = False,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    connect_timeout_s: float | None = None,
+    statement_timeout_s: float | None = None,
+) -> Engine:
     """Create an engine for a store URL.
 
     Args:
-        url: SQLAlchemy URL, e.g. ``sqlite:///var/lib/vgpumon/vgpumon.db`` or
-            ``postgresql+psycopg://user@host/db``; a plain path means a SQLite file.
+        url: SQLAlchemy URL, e.g. ``sqlite:///var/lib/vgpumon/vgpumon.db``,
+            ``sqlite:///file:vgpumon.db?mode=ro&uri=true`` or ``postgresql+psycopg://user@host/db``;
+            a plain path means a SQLite file.
         create_dirs: create the parent directory of a SQLite file when missing.
+        read_only: open for reading only (module docstring): the engine never creates or
+            changes a file; SQLite opens ``mode=ro`` or ``immutable=1``, Postgres sessions are
+            read-only. The caller checks that a SQLite file exists first.
         busy_timeout_ms: SQLite: how long a write waits for another writer's lock before it
             fails (ms).
+        connect_timeout_s: Postgres: give up connecting after this long (whole seconds, at
+            least 2, as libpq counts them); ``None`` waits as long as the network does.
+        statement_timeout_s: Postgres: the server cancels a statement running longer than this;
+            ``None`` keeps the server's setting.
 
     Raises:
         StoreUnavailableError: the URL is malformed or its driver is not installed.
     """
-    if "://" not in url:  # a plain file path: the SQLite store people mean when they type one
-        url = f"sqlite:///{Path(url).expanduser().resolve()}"
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise StoreUnavailableError(f"not a database URL: {url!r} (e.g. sqlite:///vgpumon.db)") from None
+    parsed = normalise_url(url)
     kwargs: dict[str, Any] = {}
+    file = sqlite_file(parsed)
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:" and create_dirs:
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if read_only and file is not None and str(parsed.query.get("immutable", "")) != "1":
+            # a URL's own mode=ro too: with no -shm it would create -wal and -shm
+            parsed = _sqlite_read_url(file, _sqlite_read_mode(file))
+        elif file is not None and create_dirs and not read_only:
+            file.parent.mkdir(parents=True, exist_ok=True)
     else:
         kwargs["pool_pre_ping"] = True
+        connect_args: dict[str, Any] = {}
+        if connect_timeout_s is not None:
+            connect_args["connect_timeout"] = max(MIN_CONNECT_TIMEOUT_S, math.ceil(connect_timeout_s))
+        options = [str(parsed.query["options"])] if "options" in parsed.query else []
+        if statement_timeout_s is not None:
+            options.append(f"-c statement_timeout={max(1, int(statement_timeout_s * 1000))}")
+        if read_only:
+            options.append("-c default_transaction_read_only=on")
+        if options:
+            connect_args["options"] = " ".join(options)
+        kwargs["connect_args"] = connect_args
     try:
         engine = create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ModuleNotFoundError, ImportError) as exc:
         raise StoreUnavailableError(f"no driver for {parsed.drivername}: {exc}") from None
+    except ArgumentError as exc:
+        raise StoreUnavailableError(mask_secrets(f"not a usable store URL: {str(exc).splitlines()[0]}")) from None
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms))
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms, read_only))
+        if read_only and sqlite_access(engine) == "read-only" and file is not None:
+            engine = _immutable_unless_readable(engine, file, busy_timeout_ms)
     return engine
+
+
+def _sqlite_read_mode(file: Path) -> str:
+    shm, wal = Path(f"{file}-shm"), Path(f"{file}-wal")
+    if shm.exists() or (wal.exists() and wal.stat().st_size > 0):
+        return "ro"
+    return "immutable"
+
+
+def _immutable_unless_readable(engine: Engine, file: Path, busy_timeout_ms: int) -> Engine:
+    """``mode=ro`` needs to map the ``-shm`` file; where it cannot (another user's files in a
+    directory we cannot write), read the file as an immutable snapshot instead."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT count(*) FROM sqlite_master").scalar()
+        return engine
+    except Exception as exc:  # noqa: BLE001 - any failure to open read-only: try the snapshot
+        orig = getattr(exc, "orig", exc)
+        if not isinstance(orig, sqlite3.OperationalError) or "not a database" in str(orig):
+            return engine  # not a matter of access: the caller's first query reports it
+        engine.dispose()
+    snapshot = create_engine(_sqlite_read_url(file, "immutable"))
+    event.listen(snapshot, "connect", _sqlite_pragmas(busy_timeout_ms, True))
+    return snapshot

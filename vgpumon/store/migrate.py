@@ -4,26 +4,35 @@ The revisions live in ``vgpumon/store/migrations`` inside the package and are fo
 ``importlib.resources``, so an installed wheel migrates its store without a checkout. The agent
 runs ``upgrade`` at start; ``vgpumon db upgrade`` runs it on request.
 
-On Postgres many agents share one database and may start together: the upgrade runs in one
-transaction (Postgres DDL is transactional) that first takes a transaction-level advisory lock, so
-exactly one agent migrates and the others wait, then find the schema at head and do nothing.
+Agents that start together never race in the migration: on Postgres the upgrade runs in one
+transaction (Postgres DDL is transactional) that first takes a transaction-level advisory lock; on
+SQLite a file lock beside the database (``<file>.migrate.lock``) serialises it. Exactly one
+agent migrates; the others wait, then find the schema at head and do nothing.
+
+Two stores are refused rather than changed: one whose revision this version does not know (a
+newer vgpumon migrated it: rolling upgrades on a shared Postgres), and one that holds tables of
+something else (vgpumon does not add its tables to another application's database).
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from filelock import FileLock, Timeout
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
+from vgpumon.store.engine import describe_store, sqlite_file, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +40,16 @@ log = logging.getLogger(__name__)
 MIGRATION_LOCK_KEY = 0x7667_7075_6D6F_6E
 #: The revision that holds the schema the store had before migrations existed (``create_all``).
 BASELINE_REVISION = "0001"
+#: How long an agent waits for another one's SQLite migration (seconds); they take well under one.
+SQLITE_LOCK_TIMEOUT_S = 120.0
+
+
+class SchemaTooNewError(StoreUnavailableError):
+    """The store was migrated by a newer vgpumon: its revision is unknown to this version."""
+
+
+class ForeignStoreError(StoreUnavailableError):
+    """The database holds tables of something else; vgpumon does not add its tables to it."""
 
 
 def _script_location() -> Path:
@@ -67,13 +86,69 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _fail(engine: Engine, exc: Exception) -> StoreUnavailableError:
-    url = engine.url.render_as_string(hide_password=True)
-    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return StoreUnavailableError(f"store {url} unavailable: {detail}")
+    return unavailable(engine, exc)
+
+
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+@contextmanager
+def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
+    """Serialise migrations of one SQLite file across processes (no-op for other engines)."""
+    file = sqlite_file(engine.url) if engine.dialect.name == "sqlite" else None
+    if file is None:
+        yield
+        return
+    lock = FileLock(f"{file}.migrate.lock", timeout=SQLITE_LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            yield
+    except Timeout:
+        raise unavailable(engine, f"another vgpumon has been migrating it for over {SQLITE_LOCK_TIMEOUT_S:.0f} s ({lock.lock_file})") from None
+    except OSError as exc:  # the lock file cannot be created: the directory is not writable
+        raise unavailable(engine, f"cannot create {file}.migrate.lock: {exc.strerror or exc}") from None
+
+
+def _refuse_foreign(engine: Engine, tables: set[str]) -> None:
+    """Refuse a database whose tables are none of vgpumon's. Any one of ours (or Alembic's) makes
+    it ours: another agent may be migrating it right now, and on SQLite each ``CREATE TABLE``
+    of a migration is visible as it happens."""
+    from vgpumon.store.schema import Base
+
+    if tables and not tables & (set(Base.metadata.tables) | {"alembic_version"}):
+        tables = tables - {"alembic_version"}
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise ForeignStoreError(
+            f"store {describe_store(engine)} holds tables of something else ({shown}): "
+            "vgpumon does not add its tables to it; give --db an empty database or a new file"
+        )
+
+
+def _look_before_writing(engine: Engine) -> None:
+    """An existing SQLite file is first looked at read-only: the first read-write connection
+    switches it to WAL (a change to its header) and the migration lock adds a file beside it, and
+    neither may happen to another application's database."""
+    file = sqlite_file(engine.url) if engine.dialect.name == "sqlite" else None
+    if file is None or not file.is_file() or file.stat().st_size == 0:
+        return
+    from vgpumon.store.engine import make_engine
+
+    reader = make_engine(str(file), read_only=True)
+    try:
+        with reader.connect() as conn:
+            _refuse_foreign(engine, set(inspect(conn).get_table_names()))
+    except SQLAlchemyError as exc:
+        raise _fail(engine, exc) from None
+    finally:
+        reader.dispose()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
-    """Bring the schema to ``revision`` (idempotent; safe with many agents on one Postgres).
+    """Bring the schema to ``revision`` (idempotent; safe with many agents on one store).
 
     A database whose tables were created before migrations existed (``gpu_samples`` present, no
     ``alembic_version``) is stamped at the baseline revision first, then upgraded.
@@ -82,18 +157,29 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
         ``(revision before, revision after)``; before is ``None`` for an empty database.
 
     Raises:
+        SchemaTooNewError: a newer vgpumon migrated the store (its revision is unknown here).
+        ForeignStoreError: the database holds tables of something else.
         StoreUnavailableError: the database cannot be reached or a migration fails.
     """
+    _look_before_writing(engine)
     try:
-        with engine.begin() as conn:
+        with _sqlite_migration_lock(engine), engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 # Held until this transaction ends: other agents wait here, then see head.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
             before = MigrationContext.configure(conn).get_current_revision()
+            if before is not None and not _known(before):
+                raise SchemaTooNewError(
+                    f"store {describe_store(engine)} has schema revision {before}, newer than this "
+                    f"vgpumon knows (its newest is {head_revision()}): upgrade vgpumon here, or use another store"
+                )
             cfg = alembic_config(conn)
-            if before is None and inspect(conn).has_table("gpu_samples"):
-                log.warning("store has tables but no migration history: stamping revision %s", BASELINE_REVISION)
-                command.stamp(cfg, BASELINE_REVISION)
+            if before is None:
+                tables = set(inspect(conn).get_table_names())
+                _refuse_foreign(engine, tables)
+                if "gpu_samples" in tables:
+                    log.warning("store has tables but no migration history: stamping revision %s", BASELINE_REVISION)
+                    command.stamp(cfg, BASELINE_REVISION)
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as exc:

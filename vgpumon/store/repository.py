@@ -16,7 +16,7 @@ from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
-from vgpumon.store.engine import make_engine
+from vgpumon.store.engine import describe_store, make_engine, normalise_url, sqlite_access, sqlite_file, unavailable
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import (
     TIME_TABLES,
@@ -77,13 +77,18 @@ def store_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
 
 
-def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
-    """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
+def _insert(dialect: str, table: Any) -> Any:
+    """The dialect's ``INSERT`` construct (it has ``ON CONFLICT``)."""
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
+    return insert(table)
+
+
+def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
+    return _insert(dialect, table).on_conflict_do_nothing()
 
 
 @dataclass(frozen=True)
@@ -103,21 +108,44 @@ class Store:
         engine: an existing engine instead of ``url`` (tests).
         create: allow creating a new SQLite file; readers pass False so that a mistyped path
             reports "no store" instead of creating an empty one.
+        read_only: open for reading only (``diagnose``, ``db stats``): no file is created or
+            changed, SQLite is opened ``mode=ro`` or as an immutable snapshot
+            (``vgpumon.store.engine``); implies ``create=False``.
         busy_timeout_ms: SQLite: how long a write waits for a lock held by another writer.
+        connect_timeout_s: Postgres: give up connecting after this long; ``None`` waits.
+        statement_timeout_s: Postgres: the server cancels a longer statement; ``None``: its
+            setting.
 
     Every method raises ``StoreUnavailableError`` when the database cannot be reached or queried.
     """
 
     def __init__(
-        self, url: str | None = None, *, engine: Engine | None = None, create: bool = True, busy_timeout_ms: int = 5000
+        self,
+        url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        create: bool = True,
+        read_only: bool = False,
+        busy_timeout_ms: int = 5000,
+        connect_timeout_s: float | None = None,
+        statement_timeout_s: float | None = None,
     ) -> None:
         if engine is None:
             if url is None:
                 raise ValueError("Store needs a URL or an engine")
-            engine = make_engine(url, create_dirs=create, busy_timeout_ms=busy_timeout_ms)
-            db = engine.url.database
-            if not create and engine.dialect.name == "sqlite" and db and db != ":memory:" and not Path(db).expanduser().exists():
-                raise StoreUnavailableError(f"no store at {db} (has an agent written there? see --db)")
+            create = create and not read_only
+            file = sqlite_file(normalise_url(url))
+            if not create and file is not None and not file.is_file():
+                what = "is not a file" if file.exists() else "does not exist"
+                raise StoreUnavailableError(f"no store at {file}: it {what} (has an agent written there? see --db)")
+            engine = make_engine(
+                url,
+                create_dirs=create,
+                read_only=read_only,
+                busy_timeout_ms=busy_timeout_ms,
+                connect_timeout_s=connect_timeout_s,
+                statement_timeout_s=statement_timeout_s,
+            )
         self.engine = engine
         self.dialect = engine.dialect.name
         #: (table, day ms) partitions known to exist (Postgres).
@@ -125,10 +153,27 @@ class Store:
         self._extra_inserts = {name: insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}
         self._process_ids: dict[tuple[int, int, float | None], int] = {}
 
+    @property
+    def access_note(self) -> str | None:
+        """Says how a reader sees a SQLite store when that is not plain read-only access: an
+        immutable snapshot (no agent has it open, or it cannot be opened read-only here);
+        ``None`` otherwise."""
+        if sqlite_access(self.engine) != "immutable":
+            return None
+        file = sqlite_file(self.engine.url)
+        wal = Path(f"{file}-wal") if file is not None else None
+        if wal is not None and wal.exists() and wal.stat().st_size > 0:
+            return f"read as an immutable snapshot (cannot open it read-only here); rows still in {wal} are not shown"
+        return "read as an immutable snapshot (no agent has it open)"
+
     def _fail(self, exc: Exception) -> StoreUnavailableError:
-        url = self.engine.url.render_as_string(hide_password=True)
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        return StoreUnavailableError(f"store {url} unavailable: {detail}")
+        return unavailable(self.engine, exc)
+
+    def _require_tables(self, conn: Connection) -> None:
+        """Raise ``StoreUnavailableError`` when the database holds no vgpumon tables (an empty
+        file, another application's database), so readers say that instead of "no such table"."""
+        if not self.engine.dialect.has_table(conn, Host.__tablename__):
+            raise StoreUnavailableError(f"{describe_store(self.engine)} holds no vgpumon data (no tables)")
 
     def init_schema(self) -> None:
         """Bring the schema to the newest revision (Alembic; under an advisory lock on Postgres).
@@ -147,21 +192,24 @@ class Store:
     # -- writes --------------------------------------------------------------------------------
 
     def register_gpus(self, hostname: str, gpus: Iterable[GpuIdentity]) -> dict[str, int]:
-        """Insert or update the host and its GPUs.
+        """Insert or update the host and its GPUs: idempotent upserts, so agents that start
+        together (on one host name, or sharing GPU UUIDs) never collide.
+
+        A GPU's history belongs to (host, UUID): a card seen on another host (moved, a cloned VM
+        image, masked captures that share UUIDs) gets a row, and a history, of its own there.
 
         Returns:
-            GPU UUID → ``gpus.id``.
+            GPU UUID → ``gpus.id`` of this host's GPUs.
         """
         now = dt.datetime.now(dt.timezone.utc)
+        t = Gpu.__table__
         try:
             with self.engine.begin() as conn:
+                conn.execute(insert_ignoring_duplicates(self.dialect, Host.__table__).values(hostname=hostname, first_seen=now))
                 host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
-                if host_id is None:
-                    host_id = conn.execute(Host.__table__.insert().values(hostname=hostname, first_seen=now)).inserted_primary_key[0]
                 ids: dict[str, int] = {}
                 for g in gpus:
                     attrs = dict(
-                        host_id=host_id,
                         index=g.index,
                         name=g.name,
                         serial=g.serial,
@@ -175,14 +223,11 @@ class Store:
                         memory_clock_max_hertz=g.memory_clock_max_hertz,
                         last_seen=now,
                     )
-                    gpu_id = conn.scalar(select(Gpu.id).where(Gpu.uuid == g.uuid))
-                    if gpu_id is None:
-                        gpu_id = conn.execute(
-                            Gpu.__table__.insert().values(uuid=g.uuid, first_seen=now, **attrs)
-                        ).inserted_primary_key[0]
-                    else:
-                        conn.execute(Gpu.__table__.update().where(Gpu.id == gpu_id).values(**attrs))
-                    ids[g.uuid] = int(gpu_id)
+                    ins = _insert(self.dialect, t).values(host_id=host_id, uuid=g.uuid, first_seen=now, **attrs)
+                    ins = ins.on_conflict_do_update(
+                        index_elements=[t.c.host_id, t.c.uuid], set_={k: ins.excluded[k] for k in attrs}
+                    ).returning(t.c.id)
+                    ids[g.uuid] = int(conn.execute(ins).scalar_one())
                 return ids
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -414,10 +459,7 @@ class Store:
         """Every host in the store, sorted."""
         try:
             with self.engine.connect() as conn:
-                if not self.engine.dialect.has_table(conn, Host.__tablename__):
-                    raise StoreUnavailableError(
-                        f"{self.engine.url.render_as_string(hide_password=True)} holds no vgpumon data (no tables)"
-                    )
+                self._require_tables(conn)
                 return list(conn.scalars(select(Host.hostname).order_by(Host.hostname)))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -722,6 +764,7 @@ class Store:
         out: list[dict[str, Any]] = []
         try:
             with self.engine.connect() as conn:
+                self._require_tables(conn)
                 sizes: dict[str, int] = {}
                 if self.dialect == "sqlite":
                     try:

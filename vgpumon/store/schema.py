@@ -135,12 +135,15 @@ class Host(Base):
 
 
 class Gpu(Base):
-    """A physical GPU, identified by its UUID; index and PCI bus id are attributes that change."""
+    """A physical GPU on a host, identified by (host, UUID); index and PCI bus id are attributes
+    that change. UUIDs alone are not unique across hosts (masked captures, cloned VM images, a
+    card moved to another host): each host keeps its own history of a card (revision 0006)."""
 
     __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host_id", "uuid"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    uuid: Mapped[str] = mapped_column(String(64), unique=True)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    uuid: Mapped[str] = mapped_column(String(64))
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     index: Mapped[int] = mapped_column(SmallInteger)
     name: Mapped[str | None] = mapped_column(String(96))
     serial: Mapped[str | None] = mapped_column(String(64))

@@ -11,6 +11,7 @@ from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import ServerSample, ServerState
 from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
+from vgpumon.store.engine import unavailable
 from vgpumon.store.repository import insert_ignoring_duplicates, store_unavailable
 from vgpumon.store.schema import Host
 from vgpumon.store.vllm_schema import (
@@ -117,8 +118,7 @@ class VllmRepository:
         self._partitions: set[tuple[str, int]] = set()  # (table, day ms) known to exist (Postgres)
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        return StoreUnavailableError(f"store {self.engine.url.render_as_string(hide_password=True)} unavailable: {detail}")
+        return unavailable(self.engine, exc)
 
     @staticmethod
     def sample_row(instance_id: int | None, s: ServerSample) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""The ``vgpumon`` console script and ``python -m vgpumon``: signals first, then the CLI.
+
+Importing the CLI (typer, pydantic, and for the agent SQLAlchemy, aiohttp, pynvml) takes a few
+hundred milliseconds; a Ctrl-C in that time used to print a ``KeyboardInterrupt`` traceback, and
+a SIGTERM killed the agent with 143. This module imports nothing heavy: it decides from the
+command line whether Ctrl-C means "stop cleanly" (``agent`` and ``record``: exit 0, as the README
+documents) or "interrupted" (every other command: 130), routes SIGTERM of the agent to the same
+path, and only then imports ``vgpumon.cli``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+#: Commands that stop cleanly on SIGINT/SIGTERM (exit 0): they sample until told to stop.
+STOP_CLEANLY = frozenset({"agent", "record"})
+#: Root options that take a value (so that the value is not read as the command name).
+_ROOT_OPTIONS_WITH_VALUE = frozenset({"--config", "--log-level"})
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand named on a command line (``["--config", "x", "agent"]`` → ``"agent"``);
+    ``None`` when there is none."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _ROOT_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def stops_cleanly(argv: list[str]) -> bool:
+    """True when ``argv`` runs a command that treats Ctrl-C and SIGTERM as "stop" (exit 0)."""
+    return command_of(argv) in STOP_CLEANLY
+
+
+def install_signal_handlers(argv: list[str]) -> None:
+    """SIGTERM raises ``KeyboardInterrupt`` for the commands that stop cleanly, like Ctrl-C, until
+    the agent's event loop takes both signals over; other commands keep SIGTERM's default."""
+    if stops_cleanly(argv):
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def main() -> None:
+    """Console-script entry point (see module docstring)."""
+    argv = sys.argv[1:]
+    install_signal_handlers(argv)
+    try:
+        from vgpumon.cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.exit(0 if stops_cleanly(argv) else 130)
+    cli_main(argv)
