@@ -130,3 +130,19 @@ def test_rates_across_a_wall_clock_step_are_unknown_and_duration_is_monotonic(tm
     assert "wall-clock step" in reasons
     assert rates[0] is None and all(r is not None for r in rates[1:4])
     assert [e.kind for s in readings for e in s.events] == ["clock_step"]
+
+
+def test_rows_stored_counts_rows_inserted_and_duplicates_apart(tmp_path):
+    """The same capture replayed twice into one store: the second run stores nothing and says
+    so, instead of "76 rows stored"."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "x.db"
+    cmd = [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}", "--hostname", "h"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert first.returncode == second.returncode == 0, second.stderr
+    assert "76 rows stored" in first.stderr and "skipped" not in first.stderr
+    assert "0 rows stored" in second.stderr
+    assert "76 rows were stored already and skipped" in second.stderr

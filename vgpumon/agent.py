@@ -57,7 +57,9 @@ class AgentStats:
 
     Attributes:
         ticks: ticks sampled.
-        rows_written: GPU rows committed to the store (spooled rows of earlier runs included).
+        rows_written: GPU rows inserted into the store (spooled rows of earlier runs included).
+        rows_duplicate: GPU rows skipped because the store held them already (a spool replayed
+            after a restart, a capture replayed twice): reported apart, never as stored.
         rows_pending: rows held in memory at exit: lost (0 unless store and spool both failed).
         rows_spooled: rows left in the spool at exit; the next run replays them.
         rows_folded: raw ticks folded into 1-minute rollups because a backlog bound was reached
@@ -74,6 +76,7 @@ class AgentStats:
 
     ticks: int = 0
     rows_written: int = 0
+    rows_duplicate: int = 0
     rows_pending: int = 0
     rows_spooled: int = 0
     rows_folded: int = 0
@@ -255,8 +258,9 @@ class Agent:
     def _write_kind(self, kind: str, rows: list[Any]) -> None:
         assert self.store is not None
         if kind == RAW:
-            self.store.write_gpu_rows(rows)
-            self.stats.rows_written += len(rows)
+            inserted = self.store.write_gpu_rows(rows)
+            self.stats.rows_written += inserted
+            self.stats.rows_duplicate += len(rows) - inserted
         elif kind == ROLLUP:
             self.store.write_rollup_rows(rows)
         elif kind == EXTRA:

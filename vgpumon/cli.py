@@ -317,6 +317,8 @@ def agent(
     _echo_err(
         f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st.url}"  # type: ignore[attr-defined]
     )
+    if stats.rows_duplicate:  # type: ignore[attr-defined]
+        _echo_err(f"vgpumon agent: {stats.rows_duplicate} rows were stored already and skipped (a capture or spool replayed again)")  # type: ignore[attr-defined]
     if stats.rows_folded:  # type: ignore[attr-defined]
         _echo_err(
             f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)"  # type: ignore[attr-defined]

@@ -252,7 +252,7 @@ class Store:
         """Drop the partition cache (after retention dropped some)."""
         self._partitions.clear()
 
-    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> int:
         """Postgres: ``COPY`` the batch straight into ``table``; if some rows are already stored
         (a replayed spool file, a capture replayed twice) COPY fails on the primary key, and the
         batch goes again through a session-local staging table and ``INSERT ... SELECT ... ON
@@ -269,7 +269,7 @@ class Store:
                 with cur.copy(f'COPY "{table}" ({cols}) FROM STDIN') as copy:
                     for r in rows:
                         copy.write_row(r)
-            return
+            return len(rows)
         except psycopg.errors.UniqueViolation:
             conn.rollback()
             conn.begin()
@@ -281,16 +281,19 @@ class Store:
             with cur.copy(f'COPY "{stage}" ({cols}) FROM STDIN') as copy:
                 for r in rows:
                     copy.write_row(r)
-        conn.exec_driver_sql(f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING')
+        return conn.exec_driver_sql(
+            f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING'
+        ).rowcount
 
-    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> int:
+        """Insert rows, skipping those already stored; returns how many were inserted."""
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
         try:
             with self.engine.connect() as conn:
                 self.ensure_partitions(conn, table, {partitions.day_of(r[TS]) for r in rows})
                 if self.dialect == "postgresql":
                     try:
-                        self._copy_insert(conn, table, columns, rows)
+                        inserted = self._copy_insert(conn, table, columns, rows)
                     except dbapi_error as exc:
                         # COPY runs on the driver connection, outside SQLAlchemy's error
                         # handling: a server that went away mid-COPY leaves a dead connection
@@ -303,18 +306,24 @@ class Store:
                 else:
                     marks = ", ".join("?" for _ in columns)
                     cols = ", ".join(f'"{c}"' for c in columns)
-                    conn.exec_driver_sql(
+                    # sqlite3 sums the changes of an executemany: the rows inserted
+                    inserted = conn.exec_driver_sql(
                         f'INSERT INTO "{table}" ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING', list(rows)
-                    )
+                    ).rowcount
                 conn.commit()
+                return max(inserted, 0)
         except SQLAlchemyError as exc:
             if store_unavailable(exc):
                 raise self._fail(exc) from None
             raise
 
-    def write_gpu_rows(self, rows: Sequence[GpuRow]) -> None:
+    def write_gpu_rows(self, rows: Sequence[GpuRow]) -> int:
         """Write stored ``gpu_samples`` rows (``codec.GPU_ROW_COLUMNS`` order) in one transaction;
         rows already stored are skipped, so a batch written twice is stored once.
+
+        Returns:
+            The rows inserted (the others were stored already: a replayed spool, a capture
+            replayed twice).
 
         Raises:
             StoreUnavailableError: the database is unreachable, locked, full, ...; nothing of the
@@ -323,8 +332,7 @@ class Store:
                 ``OverflowError`` from sqlite3, ...) when the store refuses a row for what it
                 holds (``store_unavailable`` is false for it); nothing of the batch is stored.
         """
-        if rows:
-            self._insert_rows("gpu_samples", GPU_ROW_COLUMNS, rows)
+        return self._insert_rows("gpu_samples", GPU_ROW_COLUMNS, rows) if rows else 0
 
     def write_rollup_rows(self, rows: Sequence[RollupRow]) -> None:
         """Write ``gpu_samples_1m`` rows (``codec.ROLLUP_ROW_COLUMNS`` order), skipping minutes
