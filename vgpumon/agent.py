@@ -17,6 +17,7 @@ between batches, never while a backlog waits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, Backlog
 
 if TYPE_CHECKING:
+    from vgpumon.sources.kubernetes import KubernetesSource
     from vgpumon.sources.vllm import ServerSample, VllmSource
     from vgpumon.store.retention import Retention
     from vgpumon.store.vllm_repository import VllmRepository
@@ -97,6 +99,9 @@ class Agent:
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
             of wall time; ``None`` runs none.
         maintenance_every: seconds between retention steps.
+        kubernetes: the kubelet's pod-resources source, refreshed by its own task (every 30 s,
+            off the event loop); each snapshot gets its GPU and process owners attached
+            (``Snapshot.kubernetes``) and the source's status in ``sources``. ``None``: off.
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class Agent:
         backlog: Backlog | None = None,
         retention: "Retention | None" = None,
         maintenance_every: float = 60.0,
+        kubernetes: "KubernetesSource | None" = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -150,6 +156,8 @@ class Agent:
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+        self.kubernetes = kubernetes
+        self._last_host: HostSample | None = None
 
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
@@ -355,6 +363,19 @@ class Agent:
                 pending = await self._write_vllm(repo, pending)
             await self.vllm.close()
 
+    # -- Kubernetes attribution: its own task and pace; owners attached to each snapshot ------
+
+    def _attribute(self, snap: Snapshot) -> Snapshot:
+        """The snapshot with the kubelet's newest allocations attached (pod, namespace, container
+        of its GPUs and GPU processes) and the source's status beside NVML's."""
+        from vgpumon.sources.kubernetes import attach
+
+        assert self.kubernetes is not None
+        if snap.host is not None:
+            self._last_host = snap.host
+        snap = dataclasses.replace(snap, sources=(*snap.sources, self.kubernetes.status()))
+        return attach(snap, self.kubernetes.current(), host=self._last_host)
+
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
 
@@ -365,6 +386,8 @@ class Agent:
         stop = stop or asyncio.Event()
         vllm_stop = asyncio.Event()
         vllm_task: asyncio.Task[None] | None = None
+        k8s_stop = asyncio.Event()
+        k8s_task: asyncio.Task[None] | None = None
         try:
             gpus = await self._nvml(self.source.start)
             self.stats.gpus = len(gpus)
@@ -374,6 +397,8 @@ class Agent:
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
             if self.vllm is not None:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
+            if self.kubernetes is not None:
+                k8s_task = asyncio.get_running_loop().create_task(self.kubernetes.run(k8s_stop))
             start = self.monotonic()
             first_ts: float | None = None
             last_flush = start
@@ -400,6 +425,8 @@ class Agent:
                     ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
                     xid_events=reading.xid_events, sources=statuses, host=host,
                 )
+                if self.kubernetes is not None:
+                    snap = self._attribute(snap)
                 self.latest = snap
                 if self.vllm is not None:
                     self.vllm.observe(snap)
@@ -419,6 +446,10 @@ class Agent:
             vllm_stop.set()
             if vllm_task is not None:
                 await vllm_task
+            k8s_stop.set()
+            if k8s_task is not None:
+                await k8s_task
+                self.kubernetes.close()  # type: ignore[union-attr]
             await self._drain()
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows

@@ -20,8 +20,10 @@ import typer
 
 from vgpumon import __version__
 from vgpumon.errors import ExitCode, StoreUnavailableError, VgpumonError
+from vgpumon.exporter.config import DEFAULT_LISTEN
 
 if TYPE_CHECKING:
+    from vgpumon.exporter import ExporterConfig
     from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
@@ -102,12 +104,36 @@ def _parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-async def _run_until_signal(agent: "object") -> "object":
+async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" = None) -> "object":
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    return await agent.run(stop)  # type: ignore[attr-defined]
+    if exporter is None:
+        return await agent.run(stop)  # type: ignore[attr-defined]
+    from vgpumon.exporter.server import serving
+
+    async with serving(agent, exporter):  # type: ignore[arg-type]
+        return await agent.run(stop)  # type: ignore[attr-defined]
+
+
+def _exporter_config(listen: str, metrics_file: Optional[Path]) -> "ExporterConfig":
+    """The exporter's settings from the agent's flags; a malformed value is a usage error (64)
+    before anything is sampled or stored."""
+    from vgpumon.exporter import ExporterConfig, ListenError
+    from vgpumon.exporter.selection import SelectionError, read_selection
+
+    config = ExporterConfig(listen=listen, metrics_file=metrics_file)
+    try:
+        config.address
+    except ListenError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--listen") from None
+    if metrics_file is not None:
+        try:
+            read_selection(metrics_file)
+        except SelectionError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--metrics-file") from None
+    return config
 
 
 @app.command()
@@ -140,6 +166,28 @@ def agent(
     buffer_max_rows: Annotated[int, typer.Option(min=1, help="Rows held in memory when the spool cannot be written; above it the oldest are folded into 1-minute rollups.")] = 8 * 3600,
     raw_retention: RawRetentionOption = "72h",
     rollup_retention: RollupRetentionOption = "90d",
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen", envvar="VGPUMON_LISTEN",
+            help="Serve /metrics and /healthz (Prometheus) on host:port (IPv6 in brackets), :port for every interface, or off.",
+        ),
+    ] = DEFAULT_LISTEN,
+    metrics_file: Annotated[
+        Optional[Path],
+        typer.Option("--metrics-file", envvar="VGPUMON_METRICS_FILE", help="Serve only the metric families this selection file lists (format: exporters/metrics.csv).", dir_okay=False),
+    ] = None,
+    sysfs: Annotated[
+        Optional[Path],
+        typer.Option("--sysfs", help="Read the PCIe topology above the GPUs from this sysfs tree (default /sys; a replay reads none unless given).", file_okay=False, exists=True),
+    ] = None,
+    kubelet_socket: Annotated[
+        Optional[str],
+        typer.Option(
+            "--kubelet-socket", envvar="VGPUMON_KUBELET_SOCKET",
+            help="The kubelet's pod-resources socket, for pod/namespace/container labels (default /var/lib/kubelet/pod-resources/kubelet.sock; off to skip; a replay asks none unless given).",
+        ),
+    ] = None,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -158,6 +206,7 @@ def agent(
     from vgpumon.store.retention import Retention
     from vgpumon.store.spool import Backlog
 
+    exporter = _exporter_config(listen, metrics_file)
     backend = ReplayBackend(replay) if replay else None
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
@@ -178,11 +227,16 @@ def agent(
         # a replay reads a recorded host: only configured servers, no discovery on this one
         vllm = VllmSource(static_urls=vllm_url or (), processes=NoProcesses() if replay else None, interval=vllm_interval)
     backlog = Backlog(spool or default_spool_dir(url), max_spool_bytes=spool_max_mb << 20, max_memory_rows=buffer_max_rows)
+    kubernetes = None
+    if kubelet_socket != "off" and (replay is None or kubelet_socket):
+        from vgpumon.sources.kubernetes import DEFAULT_SOCKET, KubernetesSource, PodResourcesClient
+
+        kubernetes = KubernetesSource(PodResourcesClient(kubelet_socket or DEFAULT_SOCKET))
     runner = Agent(
         source,
         store,
         host=None if replay else HostSource(),
-        sysfs_root=None if replay else "/sys",
+        sysfs_root=str(sysfs) if sysfs else (None if replay else "/sys"),
         host_every=host_every,
         hostname=hostname or default_hostname(),
         interval=interval,
@@ -191,9 +245,10 @@ def agent(
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
+        kubernetes=kubernetes,
     )
     try:
-        stats = asyncio.run(_run_until_signal(runner))
+        stats = asyncio.run(_run_until_signal(runner, exporter))
     finally:
         store.close()
     typer.echo(

@@ -143,7 +143,8 @@ class Field:
         cadence: ``fast`` (every tick), ``slow`` (every ``slow_every`` ticks), ``static`` (at
             start and after a re-initialisation), ``event``, ``host`` (every ``host_every``
             ticks), ``poll`` (every vLLM poll), ``start`` (once per server start),
-            ``scrape`` (computed at each scrape of ``/metrics``), ``rules`` (each rules run).
+            ``scrape`` (computed at each scrape of ``/metrics``), ``rules`` (each rules run),
+            ``kubelet`` (each refresh of the kubelet's pod resources, 30 s).
         encoding: how the store keeps it.
         lo, hi: the valid range in base units, both inclusive; a value outside (or NaN, ±Inf,
             a blank sentinel, a non-number) is rejected at the door. ``None``: no bound

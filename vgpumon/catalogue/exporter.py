@@ -86,6 +86,20 @@ DERIVED: tuple[Field, ...] = (
         note="absent for a host bridge, which has no link of its own",
     ),
     _derived(
+        "kubernetes_holder_info", "info", "text",
+        "One series per container the kubelet allocated the GPU to (labels namespace, pod, container).",
+        "kubelet pod-resources List() (vgpumon.sources.kubernetes)", text(64), cadence="kubelet",
+        prometheus="vgpumon_gpu_kubernetes_holder_info", label="GPU holders",
+        note="value 1; a GPU shared by several containers has no owner labels on its readings, "
+        "only these (docs/kubernetes.md)",
+    ),
+    _derived(
+        "kubernetes_holders", "gauge", "count", "Containers the kubelet allocated the GPU to.",
+        "kubelet pod-resources List() (vgpumon.sources.kubernetes)", INT64, cadence="kubelet", lo=0, hi=2**16,
+        prometheus="vgpumon_gpu_kubernetes_holders", display="count", label="GPU holder count",
+        note="above 1: time-slicing, MPS or a finished pod still listed",
+    ),
+    _derived(
         "alerts", "state", "bool",
         "One series per pending or firing alert of the agent's rules engine (labels alertname, severity, state).",
         "the rules engine (RulesFeed.alerts)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_alerts",

@@ -14,11 +14,15 @@ of the transformations below, so every value a test sees was once answered by a 
   or ``{"e": code}``) in the given ticks, replacing the recorded answer or adding one; for
   values seen in the wild on other boards (utilization 4294967295, a counter reset by a driver
   reload, XID 79, MIG mode), injected into real ticks.
+* ``graft(donor)`` — calls a capture never made (it was recorded before the collector learned
+  them) answer as a donor capture of the same board and driver answered them, slow-set calls
+  from the donor's slow ticks into the base's slow ticks; the base's own answers stay.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Callable, Iterable, Sequence
 
 from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
@@ -151,6 +155,43 @@ def edit_call(
     return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, out
 
 
+def is_slow_tick(tick: dict[str, Any]) -> bool:
+    """True when the tick read the slow set: every slow tick reads the ECC totals
+    (``vgpumon.sources.nvml``), no fast tick does."""
+    return any(c[1] == "nvmlDeviceGetTotalEccErrors" for c in tick["calls"])
+
+
+def graft(
+    header: dict[str, Any], ticks: Ticks, donor_header: dict[str, Any], donor_ticks: Ticks
+) -> tuple[dict[str, Any], Ticks]:
+    """Add to each tick the donor's answers to calls the tick lacks (see module docstring).
+
+    A base slow tick takes them from the donor's slow ticks, a fast tick from its fast ticks, in
+    turn; the init block from the donor's init block. A call is matched by scope, function and
+    arguments, so a recorded answer is never replaced.
+    """
+
+    def key(c: list[Any]) -> str:
+        return json.dumps(c[:4], sort_keys=True)
+
+    donor_init = [t for t in donor_ticks if t["tick"] < 0]
+    pools = {kind: [t for t in donor_ticks if t["tick"] >= 0 and is_slow_tick(t) == kind] for kind in (True, False)}
+    turn = {True: 0, False: 0}
+    out = []
+    for tick in ticks:
+        if tick["tick"] < 0:
+            donors = donor_init
+        else:
+            kind = is_slow_tick(tick)
+            pool = pools[kind] or pools[not kind]
+            donors = [pool[turn[kind] % len(pool)]] if pool else []
+            turn[kind] += 1
+        have = {key(c) for c in tick["calls"]}
+        added = [copy.deepcopy(c) for d in donors for c in d["calls"] if key(c) not in have]
+        out.append({**tick, "calls": [*tick["calls"], *added]})
+    return {**header, "derived": f"{header.get('derived', '')} graft({donor_header.get('created', 'donor')})".strip()}, out
+
+
 def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBackend:
     """A replay backend over transformed ticks."""
     return ReplayBackend(header=header, ticks=ticks)
@@ -158,7 +199,6 @@ def backend(header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> ReplayBa
 
 def write(path: Any, header: dict[str, Any], ticks: Sequence[dict[str, Any]]) -> None:
     """Write a (transformed) capture to a file that ``vgpumon agent --replay`` reads."""
-    import json
     from pathlib import Path
 
     from vgpumon.sources.nvml_backend import _open_text
