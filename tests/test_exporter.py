@@ -14,9 +14,11 @@ import dataclasses
 
 import pytest
 from conftest import DATA, H200_CAPTURE, phase
+from test_kubernetes import sock_dir  # noqa: F401 - the fixture
 from exporter_support import Scrape, fed, scrape, snapshots
 from prometheus_client import CollectorRegistry, generate_latest
 
+from vgpumon.exporter import ExporterConfig
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.exporter.feed import AlertSample
 from vgpumon.exporter.server import MetricsServer
@@ -220,3 +222,60 @@ def test_healthz_and_metrics_over_http_need_no_token(workload):
     assert starting == (503, "starting") and ok == 200 and stale == (503, "stale")
     assert status == 200 and ctype == "text/plain; version=0.0.4; charset=utf-8"
     assert Scrape(body).value("vgpumon_gpu_up", **IDENTITY) == 1.0
+
+
+def test_shared_upstream_ports_and_their_capacity_from_the_recorded_sysfs_tree(tmp_path):
+    """The 8-GPU incident with its sysfs tree (four GPUs per switch, Gen5 x16 everywhere): each
+    switch and root port lists the four GPUs below it, with the port's own link capacity; the
+    host bridge lists all eight and has no capacity (it has no link)."""
+    from vgpumon.agent import Agent
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    agent = Agent(NvmlSource(scenarios.backend(*incident.build(DATA))), store, hostname="h200-replay", paced=False,
+                  sysfs_root=str(incident.sysfs_tree(DATA, tmp_path / "sys")))
+    ex = MetricsExporter.for_agent(agent)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    m = scrape(ex)
+    below = {}
+    for lab, _ in m.series("vgpumon_pcie_upstream_gpu_info"):
+        below.setdefault((lab["port"], lab["kind"]), []).append(int(lab["gpu"]))
+    assert below == {
+        ("0000:00:01.0", "root"): [0, 1, 2, 3], ("0000:10:00.0", "bridge"): [0, 1, 2, 3],
+        ("0000:00:03.0", "root"): [4, 5, 6, 7], ("0000:20:00.0", "bridge"): [4, 5, 6, 7],
+        ("pci0000:00", "host_bridge"): list(range(8)),
+    }
+    capacity = {lab["port"]: v for lab, v in m.series("vgpumon_pcie_upstream_link_capacity_bytes_per_second")}
+    assert capacity == pytest.approx({p: 63.0e9 for p in ("0000:00:01.0", "0000:10:00.0", "0000:00:03.0", "0000:20:00.0")}, rel=1e-3)
+    assert m.value("vgpumon_agent_ticks_total", hostname="h200-replay") == agent.stats.ticks
+    assert m.value("vgpumon_agent_gpu_rows_written_total", hostname="h200-replay") == agent.stats.rows_written == 8 * agent.stats.ticks
+    assert m.value("vgpumon_agent_backlog_rows", hostname="h200-replay", where="spool") == 0.0
+
+
+def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_dir):
+    """The agent runs the Kubernetes source against a kubelet (a real gRPC server on a unix
+    socket) while it replays the H200 capture: the GPU's readings carry the pod's labels and the
+    source's status is served beside NVML's."""
+    from test_kubernetes import answer, container, devices, fake_kubelet, pod
+
+    from vgpumon.agent import Agent
+    from vgpumon.sources.kubernetes import KubernetesSource, PodResourcesClient
+    from vgpumon.sources.nvml import NvmlSource
+
+    sock = sock_dir / "kubelet.sock"
+    kubelet = answer(pod("serving", "vllm-llama-0", container("vllm", devices("nvidia.com/gpu", H200))))
+    with fake_kubelet(sock, kubelet):
+        agent = Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), None, hostname="h200-replay", interval=0.02,
+                      kubernetes=KubernetesSource(PodResourcesClient(sock), period=3600))
+        # scraped after the run has ended: judge freshness on a scale the test cannot outlast
+        ex = MetricsExporter.for_agent(agent, ExporterConfig(stale_after_intervals=1e6))
+        asyncio.run(agent.run())
+    owner = {"namespace": "serving", "pod": "vllm-llama-0", "container": "vllm"}
+    assert agent.latest.kubernetes.gpus[H200].labels() == owner
+    m = scrape(ex)
+    assert m.value("vgpumon_gpu_up", **IDENTITY, **owner) is not None
+    assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0

@@ -130,7 +130,7 @@ LABEL_NAMES: dict[str, str] = {
     "state": "vLLM server state, or alert state (pending, firing)",
     "percentile": "50, 95 or 99 (latency estimates over the poll interval)",
     "port": "PCI address of a shared PCIe switch or root port",
-    "kind": "bridge or root (the shared port's kind)",
+    "kind": "bridge, root or host_bridge (the shared port's kind)",
     "alertname": "rule name (CamelCase)",
     "severity": "critical, warning or info",
     "source": "agent source: nvml, host, vllm, kubernetes",

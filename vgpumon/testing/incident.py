@@ -21,11 +21,13 @@ transformation of them (``vgpumon.testing.scenarios``):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from vgpumon.model import GpuIdentity
 from vgpumon.sources.nvml_backend import NVML_ERROR_GPU_IS_LOST
-from vgpumon.testing import scenarios
+from vgpumon.testing import scenarios, sysfs
 
 GPUS = 8
 APP_XID_GPU, APP_XIDS = 2, ((20, 13), (21, 31))
@@ -67,6 +69,16 @@ def build(data_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetTotalEccErrors", {"v": value}, at=[at], args=args)
         header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetRemappedRows", {"v": [0, uncorrected, 1, 0]}, at=[at])
     return {**header, "derived": f"{header['derived']} incident(8 GPUs: app XIDs, ECC, XID 79 + lost GPU)"}, ticks
+
+
+def sysfs_tree(data_dir: str | Path, dest: str | Path) -> Path:
+    """Lay out under ``dest`` a sysfs tree for the incident's 8 GPUs, derived from the one
+    recorded above the H200 (``vgpumon.testing.sysfs.switch_tree``: four GPUs behind each PCIe
+    switch, one switch per root port, every link Gen5 x16 as recorded); pass it to
+    ``vgpumon agent --sysfs``."""
+    real = json.loads((Path(data_dir) / "h200-sysfs.json").read_text())
+    gpus = [GpuIdentity(index=i, uuid=f"gpu{i}", pci_bus_id=scenarios.bus_id(i)) for i in range(GPUS)]
+    return sysfs.materialize(sysfs.switch_tree(real, gpus, per_switch=4), dest)
 
 
 def write(data_dir: str | Path, dest: str | Path) -> Path:

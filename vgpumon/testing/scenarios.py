@@ -35,13 +35,18 @@ def load(path: str) -> tuple[dict[str, Any], Ticks]:
     return read_capture(path)
 
 
+def bus_id(index: int) -> str:
+    """The PCI bus id ``replicate_devices`` gives device ``index`` (NVML form)."""
+    return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+
+
 def _relabel(fn: str, value: Any, index: int) -> Any:
     if fn == "nvmlDeviceGetUUID":
         return f"GPU-00000000-0000-4000-8000-{index:012d}"
     if fn == "nvmlDeviceGetSerial":
         return f"{index:013d}"
     if fn == "nvmlDeviceGetPciInfo" and isinstance(value, dict):
-        bus = f"00000000:{0x18 + index * 0x10:02X}:00.0"
+        bus = bus_id(index)
         return {**value, "busId": bus, "busIdLegacy": bus[4:], "bus": 0x18 + index * 0x10}
     return value
 
