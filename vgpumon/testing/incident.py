@@ -16,7 +16,9 @@ transformation of them (``vgpumon.testing.scenarios``):
    * GPU 3: uncorrectable volatile ECC errors from tick 40 (1, then 2 from tick 50; the corrected
      count rises beside them) and a row remap pending — drain and reset;
    * GPU 5: XID 79 (fallen off the bus) at tick 45, then every call answers GPU_IS_LOST: the
-     GPU is lost for the rest of the run.
+     GPU is lost for the rest of the run;
+   * GPU 6: utilization.gpu reads 4294967295 (NVML's blank) in ticks 30–32: refused at the door,
+     counted, the rest of its tick kept.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from vgpumon.sources.nvml_backend import NVML_ERROR_GPU_IS_LOST
 from vgpumon.testing import scenarios, sysfs
 
 GPUS = 8
+BLANK_GPU, BLANK_TICKS = 6, (30, 31, 32)
 APP_XID_GPU, APP_XIDS = 2, ((20, 13), (21, 31))
 ECC_GPU, ECC_FROM = 3, 40
 LOST_GPU, LOST_XID, LOST_AT = 5, 79, 45
@@ -57,6 +60,9 @@ def build(data_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         header, ticks, "sys", "xid_poll", {"v": [{"index": LOST_GPU, "xid": LOST_XID, "ts": ts[LOST_AT]}]}, at=[LOST_AT]
     )
     header, ticks = scenarios.fail_call(header, ticks, "*", NVML_ERROR_GPU_IS_LOST, from_tick=LOST_AT + 1, devices={LOST_GPU})
+    header, ticks = scenarios.edit_call(
+        header, ticks, BLANK_GPU, "nvmlDeviceGetUtilizationRates", lambda v: {**v, "gpu": 2**32 - 1}, at=BLANK_TICKS
+    )
     slow = [t["tick"] for t in ticks if t["tick"] >= ECC_FROM and scenarios.is_slow_tick(t)]
     for n, at in enumerate(slow):
         uncorrected = 1 if n == 0 else 2
@@ -68,7 +74,7 @@ def build(data_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ):
             header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetTotalEccErrors", {"v": value}, at=[at], args=args)
         header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetRemappedRows", {"v": [0, uncorrected, 1, 0]}, at=[at])
-    return {**header, "derived": f"{header['derived']} incident(8 GPUs: app XIDs, ECC, XID 79 + lost GPU)"}, ticks
+    return {**header, "derived": f"{header['derived']} incident(8 GPUs: app XIDs, ECC, XID 79 + lost GPU, a blank utilization)"}, ticks
 
 
 def sysfs_tree(data_dir: str | Path, dest: str | Path) -> Path:
