@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -25,7 +24,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 from conftest import DATA
 from prometheus_support import tool

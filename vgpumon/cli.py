@@ -125,7 +125,7 @@ def _exporter_config(listen: str, metrics_file: Optional[Path]) -> "ExporterConf
 
     config = ExporterConfig(listen=listen, metrics_file=metrics_file)
     try:
-        config.address
+        _ = config.address  # parsed now, so that a malformed value stops the agent before it samples
     except ListenError as exc:
         raise typer.BadParameter(str(exc), param_hint="--listen") from None
     if metrics_file is not None:

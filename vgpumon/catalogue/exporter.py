@@ -29,6 +29,12 @@ def _agent(name: str, kind: str, unit: str, help: str, source: str, encoding, **
     return Field(name=name, table="agent", kind=kind, unit=unit, help=help, source=source, encoding=encoding, **kw)  # type: ignore[arg-type]
 
 
+def _count(name: str, kind: str, help: str, source: str, label: str) -> Field:
+    """An agent figure that counts (rows, ticks, rejections): a whole number from 0."""
+    return _agent(name, kind, "count", help, source, INT64, lo=0, hi=COUNT_MAX, prometheus=f"vgpumon_agent_{name}",
+                  display="count", label=label)
+
+
 def _share(direction: str) -> Field:
     word = {"tx": "sent", "rx": "received"}[direction]
     return _derived(
@@ -128,35 +134,15 @@ AGENT: tuple[Field, ...] = (
         "SourceStatus.last_success_ts", SECONDS_MS, lo=0, hi=_EPOCH_MAX,
         prometheus="vgpumon_agent_source_last_success_timestamp_seconds", label="last success",
     ),
-    _agent(
-        "rejected_values_total", "counter", "count",
-        "Values refused at the door as impossible since the agent started (labels source, field).",
-        "SourceStatus.rejected (catalogue.Door)", INT64, lo=0, hi=COUNT_MAX,
-        prometheus="vgpumon_agent_rejected_values_total", display="count", label="rejected values",
-    ),
-    _agent(
-        "backlog_rows", "gauge", "count", "Rows waiting for the store (label where: spool or memory).",
-        "Backlog.spooled_rows, Backlog.memory_rows", INT64, lo=0, hi=COUNT_MAX, prometheus="vgpumon_agent_backlog_rows",
-        display="count", label="backlog",
-    ),
-    _agent(
-        "gpu_rows_written_total", "counter", "count", "GPU rows the store committed since the agent started.",
-        "AgentStats.rows_written", INT64, lo=0, hi=COUNT_MAX, prometheus="vgpumon_agent_gpu_rows_written_total",
-        display="count", label="GPU rows written",
-    ),
-    _agent(
-        "rows_folded_total", "counter", "count",
-        "Raw ticks kept only as 1-minute rollups because a backlog bound was reached.",
-        "Backlog.folded_rows", INT64, lo=0, hi=COUNT_MAX, prometheus="vgpumon_agent_rows_folded_total",
-        display="count", label="rows folded",
-    ),
-    _agent(
-        "store_outages_total", "counter", "count", "Times the store became unreachable since the agent started.",
-        "AgentStats.outages", INT64, lo=0, hi=COUNT_MAX, prometheus="vgpumon_agent_store_outages_total",
-        display="count", label="store outages",
-    ),
-    _agent(
-        "ticks_total", "counter", "count", "Ticks sampled since the agent started.", "AgentStats.ticks", INT64,
-        lo=0, hi=COUNT_MAX, prometheus="vgpumon_agent_ticks_total", display="count", label="ticks",
-    ),
+    _count("rejected_values_total", "counter", "Values refused at the door as impossible since the agent started (labels source, field).",
+           "SourceStatus.rejected (catalogue.Door)", "rejected values"),
+    _count("backlog_rows", "gauge", "Rows waiting for the store (label where: spool or memory).",
+           "Backlog.spooled_rows, Backlog.memory_rows", "backlog"),
+    _count("gpu_rows_written_total", "counter", "GPU rows the store committed since the agent started.",
+           "AgentStats.rows_written", "GPU rows written"),
+    _count("rows_folded_total", "counter", "Raw ticks kept only as 1-minute rollups because a backlog bound was reached.",
+           "Backlog.folded_rows", "rows folded"),
+    _count("store_outages_total", "counter", "Times the store became unreachable since the agent started.",
+           "AgentStats.outages", "store outages"),
+    _count("ticks_total", "counter", "Ticks sampled since the agent started.", "AgentStats.ticks", "ticks"),
 )

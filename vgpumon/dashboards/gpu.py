@@ -18,6 +18,15 @@ UTIL = (
 )
 
 
+def against_capacity(direction: str, title: str):
+    """A GPU's PCIe bytes/s in one direction beside its max link's capacity (dashed)."""
+    word = {"rx": "received", "tx": "sent"}[direction]
+    return ts(title, f"Bytes/s each GPU {word}, averaged over each tick (GPM); dashed: the capacity of its max link "
+              "(device ∧ slot).", Q(f"vgpumon_gpu_pcie_{direction}_bytes_per_second{GPU}", f"{BY_GPU} {direction.upper()}"),
+              Q(f"vgpumon_gpu_pcie_link_capacity_bytes_per_second{GPU}", BY_GPU + " capacity"),
+              unit=unit(f"vgpumon_gpu_pcie_{direction}_bytes_per_second"), dashed=".* capacity")
+
+
 def fleet():
     return make(
         "vgpumon-gpu-fleet", "GPU fleet",
@@ -70,7 +79,7 @@ def fleet():
                    Q(f"vgpumon_gpu_remapped_rows_pending{GPU}", BY_GPU + " pending"),
                    Q(f"vgpumon_gpu_remapped_rows_failure{GPU}", BY_GPU + " failed"), unit="none", maps=yes_no(), max_=1),
                 table("Firing alerts", "Alerts the agents' rules engine holds as firing.",
-                      Q(f'vgpumon_alerts{{hostname=~"$host", state="firing"}}'), unit="none", hide=("Time", "__name__", "Value")),
+                      Q('vgpumon_alerts{hostname=~"$host", state="firing"}'), unit="none", hide=("Time", "__name__", "Value")),
             ]),
         ],
     )
@@ -116,14 +125,8 @@ def host():
                    Q(rate("vgpumon_gpu_process_cpu_seconds_total", GPU), "GPU {{gpu}} pid {{pid}} {{command}}"), unit="short"),
             ]),
             ("PCIe and link state", [
-                ts("PCIe RX", "Bytes/s received, averaged over each tick (GPM), against the max link's capacity (dashed).",
-                   Q(f"vgpumon_gpu_pcie_rx_bytes_per_second{GPU}", BY_GPU + " RX"),
-                   Q(f"vgpumon_gpu_pcie_link_capacity_bytes_per_second{GPU}", BY_GPU + " capacity"),
-                   unit=unit("vgpumon_gpu_pcie_rx_bytes_per_second"), dashed=".* capacity"),
-                ts("PCIe TX", "Bytes/s sent, averaged over each tick (GPM), against the max link's capacity (dashed).",
-                   Q(f"vgpumon_gpu_pcie_tx_bytes_per_second{GPU}", BY_GPU + " TX"),
-                   Q(f"vgpumon_gpu_pcie_link_capacity_bytes_per_second{GPU}", BY_GPU + " capacity"),
-                   unit=unit("vgpumon_gpu_pcie_tx_bytes_per_second"), dashed=".* capacity"),
+                against_capacity("rx", "PCIe RX"),
+                against_capacity("tx", "PCIe TX"),
                 table("Link state now", "Current generation and width beside the max of device ∧ slot and of the device alone: "
                       "an idle link down-trains (compare under load); a GPU max above the slot's max means a slower slot.",
                       Q(f"vgpumon_gpu_pcie_link_generation{GPU}"), Q(f"vgpumon_gpu_pcie_link_max_generation{GPU}"),

@@ -4,7 +4,7 @@ p95 and max of TX/RX against capacity, and the headroom left — the capacity re
 
 from __future__ import annotations
 
-from vgpumon.dashboards.gpu import BY_GPU, GPU, GPU_VARS, HOST
+from vgpumon.dashboards.gpu import BY_GPU, GPU, GPU_VARS, HOST, against_capacity
 from vgpumon.dashboards.kit import Q, bar, rate, rate_unit, ratio, table, ts, unit, variables
 from vgpumon.dashboards.kit import dashboard as make
 
@@ -27,20 +27,14 @@ def _port_share(direction: str) -> str:
 def capacity():
     rows = [
         ("Per host", [
-            ts("Host PCIe RX (all GPUs)", "Bytes/s all GPUs of the host receive together.",
-               Q(f"sum by (hostname) (vgpumon_gpu_pcie_rx_bytes_per_second{GPU})", "{{hostname}} RX"), unit=unit("vgpumon_gpu_pcie_rx_bytes_per_second")),
-            ts("Host PCIe TX (all GPUs)", "Bytes/s all GPUs of the host send together.",
-               Q(f"sum by (hostname) (vgpumon_gpu_pcie_tx_bytes_per_second{GPU})", "{{hostname}} TX"), unit=unit("vgpumon_gpu_pcie_tx_bytes_per_second")),
+            ts(f"Host PCIe {d.upper()} (all GPUs)", f"Bytes/s all GPUs of the host {word} together.",
+               Q(f"sum by (hostname) (vgpumon_gpu_pcie_{d}_bytes_per_second{GPU})", f"{{{{hostname}}}} {d.upper()}"),
+               unit=unit(f"vgpumon_gpu_pcie_{d}_bytes_per_second"))
+            for d, word in (("rx", "receive"), ("tx", "send"))
         ]),
         ("Per GPU link", [
-            ts("RX against the link's capacity", "Bytes/s each GPU receives; dashed: the capacity of its max link (device ∧ slot).",
-               Q(f"vgpumon_gpu_pcie_rx_bytes_per_second{GPU}", BY_GPU + " RX"),
-               Q(f"vgpumon_gpu_pcie_link_capacity_bytes_per_second{GPU}", BY_GPU + " capacity"),
-               unit=unit("vgpumon_gpu_pcie_rx_bytes_per_second"), dashed=".* capacity"),
-            ts("TX against the link's capacity", "Bytes/s each GPU sends; dashed: the capacity of its max link (device ∧ slot).",
-               Q(f"vgpumon_gpu_pcie_tx_bytes_per_second{GPU}", BY_GPU + " TX"),
-               Q(f"vgpumon_gpu_pcie_link_capacity_bytes_per_second{GPU}", BY_GPU + " capacity"),
-               unit=unit("vgpumon_gpu_pcie_tx_bytes_per_second"), dashed=".* capacity"),
+            against_capacity("rx", "RX against the link's capacity"),
+            against_capacity("tx", "TX against the link's capacity"),
         ] + [
             bar(f"{d.upper()} {what} share of link over the range", f"The {what} of each GPU's {d.upper()} share of its link over the dashboard's range.",
                 Q(fn.format(f"vgpumon_gpu_pcie_{d}_link_share_ratio{GPU}[{RANGE}]"), BY_GPU), unit="percentunit", max_=1, w=6)

@@ -28,7 +28,7 @@ def serving():
                       unit="none", hide=("Time", "__name__", "Value"), w=12),
                 table("GPUs each server holds", "GPUs holding a process of the server (discovered servers; a --vllm-url target's "
                       "processes are not visible to the agent).",
-                      Q(f'vgpumon_vllm_server_gpu_info{{hostname=~"$host", model_name=~"$model", gpu=~"$gpu"}}'),
+                      Q('vgpumon_vllm_server_gpu_info{hostname=~"$host", model_name=~"$model", gpu=~"$gpu"}'),
                       unit="none", hide=("Time", "__name__", "Value"), w=12),
                 states("State", "The server's state over time.",
                        Q(f"vgpumon_vllm_server_state{SRV} == 1", BY_SERVER + " {{state}}"), maps=mappings({1: "current"})),
