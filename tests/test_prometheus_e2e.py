@@ -116,7 +116,9 @@ def _substitute(expr: str, window_s: int) -> str:
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
     prometheus = tool("prometheus")
     vllm_fixtures = shared_dir("fixtures", "vllm-real")
-    capture = incident.write(DATA, tmp_path / "incident.jsonl.gz")
+    # ticks 0.25 s apart in the capture too: the replay keeps that pace whether --pace recorded
+    # follows --interval or the capture's own timestamps
+    capture = incident.write(DATA, tmp_path / "incident.jsonl.gz", tick_seconds=TICK_S)
     sysfs = incident.sysfs_tree(DATA, tmp_path / "sys")
     agent_port, prom_port = free_port(), free_port()
     rules = sorted((ROOT / "rules").glob("*.rules.yml"))

@@ -87,8 +87,16 @@ def sysfs_tree(data_dir: str | Path, dest: str | Path) -> Path:
     return sysfs.materialize(sysfs.switch_tree(real, gpus, per_switch=4), dest)
 
 
-def write(data_dir: str | Path, dest: str | Path) -> Path:
-    """Write the incident capture to ``dest`` (``.jsonl.gz``) for ``vgpumon agent --replay``."""
+def write(data_dir: str | Path, dest: str | Path, *, tick_seconds: float | None = None) -> Path:
+    """Write the incident capture to ``dest`` (``.jsonl.gz``) for ``vgpumon agent --replay``.
+
+    Args:
+        tick_seconds: space the ticks this far apart instead of the recorded 1 s, so that a
+            replay at recorded pace runs faster (rates derived from counters over capture time
+            scale with it).
+    """
     header, ticks = build(data_dir)
+    if tick_seconds is not None:
+        header, ticks = scenarios.retime(header, ticks, tick_seconds / float(header.get("interval_s", 1.0)))
     scenarios.write(dest, header, ticks)
     return Path(dest)

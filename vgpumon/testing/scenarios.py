@@ -14,6 +14,8 @@ of the transformations below, so every value a test sees was once answered by a 
   or ``{"e": code}``) in the given ticks, replacing the recorded answer or adding one; for
   values seen in the wild on other boards (utilization 4294967295, a counter reset by a driver
   reload, XID 79, MIG mode), injected into real ticks.
+* ``retime(factor)`` — timestamps scaled around the first tick's: a replay at recorded pace
+  that runs ``1 / factor`` times faster (for tests against a real Prometheus).
 * ``graft(donor)`` — calls a capture never made (it was recorded before the collector learned
   them) answer as a donor capture of the same board and driver answered them, slow-set calls
   from the donor's slow ticks into the base's slow ticks; the base's own answers stay.
@@ -104,6 +106,26 @@ def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, 
         for t in body:
             out.append({**t, "tick": k * len(body) + t["tick"], "ts": t["ts"] + k * span})
     return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, out
+
+
+def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[str, Any], Ticks]:
+    """Every tick's timestamp (and the XID event times it carries) scaled by ``factor`` around
+    the first tick's: ``factor`` 0.25 replays at recorded pace four times faster (a rate derived
+    from a counter over capture time reads four times its recorded value)."""
+    t0 = next((t["ts"] for t in ticks if t["ts"] is not None), 0.0)
+
+    def at(ts: float) -> float:
+        return t0 + (ts - t0) * factor
+
+    out = []
+    for tick in ticks:
+        calls = []
+        for scope, fn, args, kwargs, outcome in tick["calls"]:
+            if fn == "xid_poll" and isinstance(outcome.get("v"), list):
+                outcome = {"v": [{**e, "ts": at(e["ts"])} for e in outcome["v"]]}
+            calls.append([scope, fn, args, kwargs, outcome])
+        out.append({**tick, "ts": at(tick["ts"]) if tick["ts"] is not None else None, "calls": calls})
+    return {**header, "derived": f"{header.get('derived', '')} retime({factor})".strip()}, out
 
 
 def set_call(
