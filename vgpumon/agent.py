@@ -24,6 +24,7 @@ shutdown. Its samples ride the same batches and the same backlog as the GPU rows
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -44,6 +45,7 @@ from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
 
 if TYPE_CHECKING:
+    from vgpumon.sources.kubernetes import KubernetesSource
     from vgpumon.sources.vllm import ServerSample, VllmSource
     from vgpumon.store.retention import Retention
     from vgpumon.store.vllm_repository import VllmRepository
@@ -137,6 +139,9 @@ class Agent:
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
             of wall time; ``None`` runs none.
         maintenance_every: seconds between retention steps.
+        kubernetes: the kubelet's pod-resources source, refreshed by its own task (every 30 s,
+            off the event loop); each snapshot gets its GPU and process owners attached
+            (``Snapshot.kubernetes``) and the source's status in ``sources``. ``None``: off.
     """
 
     def __init__(
@@ -163,6 +168,7 @@ class Agent:
         vllm_backoff: float = 1.0,
         vllm_backoff_max: float = 60.0,
         vllm_stop_timeout: float = 10.0,
+        kubernetes: "KubernetesSource | None" = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -202,6 +208,8 @@ class Agent:
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+        self.kubernetes = kubernetes
+        self._last_host: HostSample | None = None
 
     @property
     def _replaying(self) -> bool:
@@ -525,6 +533,19 @@ class Agent:
         elif not task.cancelled() and task.exception() is not None:  # supervised already: a bug
             log.error("vLLM source ended with an error", exc_info=task.exception())
 
+    # -- Kubernetes attribution: its own task and pace; owners attached to each snapshot ------
+
+    def _attribute(self, snap: Snapshot) -> Snapshot:
+        """The snapshot with the kubelet's newest allocations attached (pod, namespace, container
+        of its GPUs and GPU processes) and the source's status beside NVML's."""
+        from vgpumon.sources.kubernetes import attach
+
+        assert self.kubernetes is not None
+        if snap.host is not None:
+            self._last_host = snap.host
+        snap = dataclasses.replace(snap, sources=(*snap.sources, self.kubernetes.status()))
+        return attach(snap, self.kubernetes.current(), host=self._last_host)
+
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
 
@@ -535,6 +556,8 @@ class Agent:
         stop = stop or asyncio.Event()
         vllm_stop = asyncio.Event()
         vllm_task: asyncio.Task[None] | None = None
+        k8s_stop = asyncio.Event()
+        k8s_task: asyncio.Task[None] | None = None
         try:
             gpus = await self._nvml(self.source.start)
             self.stats.gpus = len(gpus)
@@ -544,6 +567,8 @@ class Agent:
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
             if self.vllm is not None:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
+            if self.kubernetes is not None:
+                k8s_task = asyncio.get_running_loop().create_task(self.kubernetes.run(k8s_stop))
             start = self.monotonic()
             first_ts: float | None = None
             first_mono = start  # when the first tick was read: --duration and recorded pace
@@ -581,6 +606,8 @@ class Agent:
                     ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
                     xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
                 )
+                if self.kubernetes is not None:
+                    snap = self._attribute(snap)
                 self.latest = snap
                 if self.vllm is not None:
                     self.vllm.observe(snap)
@@ -600,6 +627,10 @@ class Agent:
             vllm_stop.set()
             if vllm_task is not None:
                 await self._stop_vllm(vllm_task)
+            k8s_stop.set()
+            if k8s_task is not None:
+                await k8s_task
+                self.kubernetes.close()  # type: ignore[union-attr]
             await self._drain()
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows

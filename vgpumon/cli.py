@@ -31,6 +31,7 @@ from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
     from vgpumon.config import Flags, Settings
+    from vgpumon.exporter import ExporterConfig
     from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
@@ -184,12 +185,32 @@ def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
     return box["value"]
 
 
-async def _run_until_signal(agent: "object") -> "object":
+async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" = None) -> "object":
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    return await agent.run(stop)  # type: ignore[attr-defined]
+    if exporter is None:
+        return await agent.run(stop)  # type: ignore[attr-defined]
+    from vgpumon.exporter.server import serving
+
+    async with serving(agent, exporter):  # type: ignore[arg-type]
+        return await agent.run(stop)  # type: ignore[attr-defined]
+
+
+def _exporter_config(listen: str, metrics_file: Optional[Path]) -> "ExporterConfig":
+    """The exporter's settings (``[exporter]``, ``--listen``, ``--metrics-file``); the listen
+    address was checked with the settings, a selection file that cannot be used is a usage error
+    (64) before anything is sampled or stored."""
+    from vgpumon.exporter import ExporterConfig
+    from vgpumon.exporter.selection import SelectionError, read_selection
+
+    if metrics_file is not None:
+        try:
+            read_selection(metrics_file)
+        except SelectionError as exc:
+            raise UsageError(f"--metrics-file: {exc}") from None
+    return ExporterConfig(listen=listen, metrics_file=metrics_file)
 
 
 @app.command()
@@ -239,6 +260,29 @@ def agent(
     ] = None,
     raw_retention: RawRetentionOption = None,
     rollup_retention: RollupRetentionOption = None,
+    listen: Annotated[
+        Optional[str],
+        typer.Option(
+            "--listen",
+            help="Serve /metrics and /healthz (Prometheus) on host:port (IPv6 in brackets), :port for every interface, "
+            "or off (default 127.0.0.1:19400; VGPUMON_LISTEN, setting exporter.listen).",
+        ),
+    ] = None,
+    metrics_file: Annotated[
+        Optional[Path],
+        typer.Option("--metrics-file", help="Serve only the metric families this selection file lists (format: exporters/metrics.csv; setting exporter.metrics_file).", dir_okay=False),
+    ] = None,
+    sysfs: Annotated[
+        Optional[Path],
+        typer.Option("--sysfs", help="Read the PCIe topology above the GPUs from this sysfs tree (default /sys; a replay reads none unless given).", file_okay=False, exists=True),
+    ] = None,
+    kubelet_socket: Annotated[
+        Optional[str],
+        typer.Option(
+            "--kubelet-socket",
+            help="The kubelet's pod-resources socket, for pod/namespace/container labels (default /var/lib/kubelet/pod-resources/kubelet.sock; off to skip; a replay asks none unless given; setting exporter.kubelet_socket).",
+        ),
+    ] = None,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -267,6 +311,9 @@ def agent(
             ("vllm", "urls"): ("--vllm-url", vllm_url or None),
             ("vllm", "enabled"): ("--no-vllm", False if no_vllm else None),
             ("vllm", "interval"): ("--vllm-interval", vllm_interval),
+            ("exporter", "listen"): ("--listen", listen),
+            ("exporter", "metrics_file"): ("--metrics-file", metrics_file),
+            ("exporter", "kubelet_socket"): ("--kubelet-socket", kubelet_socket),
         },
     )
     from vgpumon.agent import Agent
@@ -279,6 +326,7 @@ def agent(
 
     a, st = settings.agent, settings.store
     assert st.url is not None and a.hostname is not None and a.spool is not None  # filled by load_settings
+    exporter = _exporter_config(settings.exporter.listen, settings.exporter.metrics_file)
     backend = ReplayBackend(replay) if replay else None  # a bad capture: exit 65 before anything is created
     slow_every = a.slow_every
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
@@ -295,11 +343,17 @@ def agent(
             static_urls=settings.vllm.urls, processes=NoProcesses() if replay else None, interval=settings.vllm.interval
         )
     backlog = Backlog(a.spool, max_spool_bytes=a.spool_max_mb << 20, max_memory_rows=a.buffer_max_rows)
+    kubernetes = None
+    kubelet_socket = settings.exporter.kubelet_socket
+    if kubelet_socket != "off" and (replay is None or kubelet_socket):
+        from vgpumon.sources.kubernetes import DEFAULT_SOCKET, KubernetesSource, PodResourcesClient
+
+        kubernetes = KubernetesSource(PodResourcesClient(kubelet_socket or DEFAULT_SOCKET))
     runner = Agent(
         source,
         store,
         host=None if replay else HostSource(),
-        sysfs_root=None if replay else "/sys",
+        sysfs_root=str(sysfs) if sysfs else (None if replay else "/sys"),
         host_every=a.host_every,
         hostname=a.hostname,
         interval=a.interval,
@@ -309,9 +363,10 @@ def agent(
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention),
+        kubernetes=kubernetes,
     )
     try:
-        stats = asyncio.run(_run_until_signal(runner))
+        stats = asyncio.run(_run_until_signal(runner, exporter))
     finally:
         store.close()
     _echo_err(
@@ -461,6 +516,39 @@ def db_stats(ctx: typer.Context, db: DbOption = None, as_json: JsonOption = Fals
         typer.echo(f"{folded} raw ticks were kept only as 1-minute rollups (the store was away and the spool full)")
     if note:
         typer.echo(f"store {note}")
+
+
+dashboards_app = typer.Typer(
+    name="dashboards",
+    help="Grafana dashboards generated from the field catalogue (needs the dashboards extra).",
+    no_args_is_help=True,
+)
+app.add_typer(dashboards_app)
+
+
+@dashboards_app.command("build")
+def dashboards_build(
+    out: Annotated[Path, typer.Option(help="Directory to write the dashboards into.", file_okay=False)] = Path("dashboards"),
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 when a file in --out differs from what would be written.")] = False,
+) -> None:
+    """Write the GPU fleet, GPU host detail, vLLM serving and PCIe capacity dashboards.
+
+    Generated with grafana-foundation-sdk's Grafana 11.6 build; regenerating gives byte-identical
+    files, so CI can check the committed ones with --check.
+    """
+    from vgpumon.dashboards import SdkMissingError, render, write
+
+    try:
+        if check:
+            stale = [name for name, text in render().items() if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text]
+            for name in stale:
+                typer.echo(f"{out / name} differs from the generated dashboard", err=True)
+            raise typer.Exit(1 if stale else 0)
+        for path in write(out):
+            typer.echo(str(path))
+    except SdkMissingError as exc:
+        typer.echo(f"vgpumon: {exc}", err=True)
+        raise typer.Exit(ExitCode.UNAVAILABLE) from None
 
 
 @app.command()

@@ -5,7 +5,7 @@ Precedence, highest first: a command-line flag, then the environment, then the c
 the default. Every value is validated once, here, whatever its origin; an invalid one is reported
 in one line that names where it came from (``--window``, ``VGPUMON_STORE__URL``,
 ``config.toml: [diagnose] window``). Sections (``[store]``, ``[agent]``, ``[vllm]``,
-``[diagnose]``) are pydantic models: a new feature adds its own section as one more field of
+``[diagnose]``, ``[exporter]``) are pydantic models: a new feature adds its own section as one more field of
 ``Settings``.
 
 Environment variables: ``VGPUMON_<SECTION>__<KEY>`` for every setting (``VGPUMON_STORE__URL``,
@@ -58,6 +58,9 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
     "VGPUMON_ROLLUP_RETENTION": ("store", "rollup_retention"),
     "VGPUMON_HOSTNAME": ("agent", "hostname"),
     "VGPUMON_SPOOL": ("agent", "spool"),
+    "VGPUMON_LISTEN": ("exporter", "listen"),
+    "VGPUMON_METRICS_FILE": ("exporter", "metrics_file"),
+    "VGPUMON_KUBELET_SOCKET": ("exporter", "kubelet_socket"),
     "VGPUMON_VLLM_URLS": ("vllm", "urls"),
 }
 
@@ -276,6 +279,34 @@ class DiagnoseSettings(_Section):
     )
 
 
+def _check_listen(v: str) -> str:
+    from vgpumon.exporter.config import ListenError, parse_listen
+
+    try:
+        parse_listen(v)
+    except ListenError as exc:
+        raise ValueError(str(exc)) from None
+    return v.strip()
+
+
+class ExporterSettings(_Section):
+    """``[exporter]``: the agent's ``/metrics`` and ``/healthz`` (docs/exporter.md)."""
+
+    listen: Annotated[str, AfterValidator(_check_listen)] = Field(
+        "127.0.0.1:19400",
+        description="host:port to serve /metrics and /healthz on ([v6]:port, :port for every interface, or off); "
+        "19400 is used by no common exporter",
+    )
+    metrics_file: Optional[Path] = Field(
+        None, description="serve only the metric families this selection file lists (exporters/metrics.csv format)"
+    )
+    kubelet_socket: Optional[str] = Field(
+        None,
+        description="the kubelet's pod-resources socket for pod/namespace/container labels; "
+        "default /var/lib/kubelet/pod-resources/kubelet.sock where it exists; off to skip",
+    )
+
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("vgpumon_config_file", default={})
@@ -321,6 +352,7 @@ class Settings(BaseSettings):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     diagnose: DiagnoseSettings = Field(default_factory=DiagnoseSettings)
+    exporter: ExporterSettings = Field(default_factory=ExporterSettings)
 
     @classmethod
     def settings_customise_sources(

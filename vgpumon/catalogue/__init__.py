@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumon.catalogue import gpu, host, vllm
+from vgpumon.catalogue import exporter, gpu, host, vllm
 from vgpumon.catalogue.core import AGGREGATES, KINDS, UNIT_SUFFIXES, Encoding, Field
 from vgpumon.catalogue.door import Door, Rejected, is_rejection, sentinel
 
 __all__ = [
     "AGGREGATES",
     "FIELDS",
+    "INFO_METRICS",
     "KINDS",
     "TABLES",
     "UNIT_SUFFIXES",
@@ -36,6 +37,7 @@ __all__ = [
     "Encoding",
     "Field",
     "Rejected",
+    "families",
     "fields_of",
     "fmt",
     "get",
@@ -55,6 +57,8 @@ FIELDS: tuple[Field, ...] = (
     *vllm.SAMPLES,
     *vllm.ENGINES,
     *vllm.INSTANCES,
+    *exporter.DERIVED,
+    *exporter.AGENT,
 )
 
 #: Tables whose value columns come from the catalogue, in the order docs list them.
@@ -68,6 +72,18 @@ TABLES: tuple[str, ...] = (
     "vllm_engine_samples",
     "vllm_instances",
 )
+
+#: The ``_info`` metric whose labels carry the identity attributes (``prom_label``) of a group.
+INFO_METRICS: dict[str, str] = {
+    "gpus": "vgpumon_gpu_info",
+    "vllm_instances": "vgpumon_vllm_server_info",
+    "agent": "vgpumon_agent_build_info",
+}
+_INFO_HELP = {
+    "gpus": "GPU identity (value 1): product name, serial, PCI bus id, GPM support.",
+    "vllm_instances": "vLLM server identity (value 1): served model and version.",
+    "agent": "The agent's build (value 1).",
+}
 
 _BY_KEY: dict[tuple[str | None, str], Field] = {f.key: f for f in FIELDS}
 assert len(_BY_KEY) == len(FIELDS), "a (table, name) pair is in the catalogue twice"
@@ -85,6 +101,26 @@ def get(table: str | None, name: str) -> Field:
 def fields_of(table: str | None) -> tuple[Field, ...]:
     """The fields of one table, in column order."""
     return tuple(f for f in FIELDS if f.table == table)
+
+
+def families() -> dict[str, tuple[str, str]]:
+    """Every metric family ``/metrics`` can serve: name → ``(type, help)``, in catalogue order.
+
+    The ``prometheus`` names of the entries (fields told apart by ``prom_labels`` share one
+    family), and the ``_info`` gauges that carry identity attributes (``INFO_METRICS``). A
+    dashboard or rule may query only these names.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for f in FIELDS:
+        if f.prometheus is not None:
+            help_ = f.help
+            if f.prom_labels:  # one family for several fields: say what tells them apart
+                help_ = f.help.split(" of the ", 1)[-1].rstrip(".").capitalize() if " of the " in f.help else f.help
+                help_ = f"{help_}, by {', '.join(f.prom_labels)}."
+            out.setdefault(f.prometheus, (f.prom_type or "gauge", help_))
+        elif f.prom_label and f.table in INFO_METRICS:
+            out.setdefault(INFO_METRICS[f.table], ("gauge", _INFO_HELP[f.table]))
+    return out
 
 
 # -- display -------------------------------------------------------------------------------------
@@ -151,6 +187,8 @@ _TABLE_TITLES = {
     "vllm_samples": "vLLM servers (`vllm_samples`, one row per server per poll)",
     "vllm_engine_samples": "vLLM data-parallel engines (`vllm_engine_samples`)",
     "vllm_instances": "vLLM server starts (`vllm_instances`)",
+    "exporter": "Derived by the exporter at each scrape of `/metrics`, not stored",
+    "agent": "The agent's own health (`/metrics` only)",
 }
 
 
@@ -169,9 +207,8 @@ def _prom(f: Field) -> str:
     if f.prometheus:
         labels = "".join(f'{{{k}="{v}"}}' for k, v in f.prom_labels.items())
         return f"`{f.prometheus}{labels}` ({f.prom_type})"
-    if f.prom_label:
-        info = "vgpumon_vllm_server_info" if f.table and f.table.startswith("vllm") else "vgpumon_gpu_info"
-        return f"label `{f.prom_label}` of `{info}`"
+    if f.prom_label and f.table in INFO_METRICS:
+        return f"label `{f.prom_label}` of `{INFO_METRICS[f.table]}`"
     return "—"
 
 

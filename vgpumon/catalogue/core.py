@@ -132,8 +132,9 @@ class Field:
             the key of ``missing`` reasons.
         table: the table that stores it (``gpu_samples``, ``gpus``, ``host_samples``,
             ``gpu_process_samples``, ``vllm_samples``, ``vllm_engine_samples``,
-            ``vllm_instances``, ``xid_events``), ``None`` for a derived field that is not
-            stored.
+            ``vllm_instances``, ``xid_events``), ``None`` for a field the NVML source derives
+            and does not store; for fields only ``/metrics`` carries, their group:
+            ``exporter`` (derived at scrape time) or ``agent`` (the agent's own health).
         kind: one of ``KINDS``.
         unit: base unit, a key of ``UNIT_SUFFIXES``.
         help: one sentence; the Prometheus HELP text and the docs' description.
@@ -141,7 +142,9 @@ class Field:
             names and versions, or the psutil call.
         cadence: ``fast`` (every tick), ``slow`` (every ``slow_every`` ticks), ``static`` (at
             start and after a re-initialisation), ``event``, ``host`` (every ``host_every``
-            ticks), ``poll`` (every vLLM poll), ``start`` (once per server start).
+            ticks), ``poll`` (every vLLM poll), ``start`` (once per server start),
+            ``scrape`` (computed at each scrape of ``/metrics``), ``rules`` (each rules run),
+            ``kubelet`` (each refresh of the kubelet's pod resources, 30 s).
         encoding: how the store keeps it.
         lo, hi: the valid range in base units, both inclusive; a value outside (or NaN, ±Inf,
             a blank sentinel, a non-number) is rejected at the door. ``None``: no bound
@@ -153,9 +156,9 @@ class Field:
         prometheus: the exported metric name, written out; ``None`` when not exported as a
             series of its own (identity attributes are labels of an ``_info`` metric, see
             ``prom_label``).
-        prom_type: ``gauge``, ``counter`` or ``info``.
+        prom_type: ``gauge`` or ``counter``; identity is a ``*_info`` gauge set to 1 (STYLE §5).
         prom_labels: constant labels that tell this field apart within its metric family
-            (latency quantiles share one family: ``{"quantile": "0.95"}``).
+            (latency percentiles share one family: ``{"percentile": "95"}``).
         prom_label: for identity attributes, the label of the ``_info`` metric that carries it.
         smi: the ``nvidia-smi --query-gpu`` field (or ``-q`` section) with the same meaning.
         dcgm: the DCGM field id name with the same meaning.

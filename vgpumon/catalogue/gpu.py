@@ -42,6 +42,29 @@ MIG_MODES: dict[int, str] = {0: "disabled", 1: "enabled"}
 #: Where SM activity comes from: GPM (Hopper+), or the pre-Hopper busy-time proxy.
 ACTIVITY_SOURCES: dict[str, int] = {"gpm": 1, "utilization": 2}
 
+#: XID codes the exporter serves from the agent's start, at 0 until the first event, so that
+#: ``increase()`` sees the first one (a counter series that starts at 1 hides its own rise, and
+#: XID 79 — fallen off the bus — comes once). The codes NVIDIA's tooling and the alert allowlists
+#: name (FACTS §4, §7); any other code is served from its first event on.
+XID_NAMES: dict[int, str] = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    32: "invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
 _GIB48 = float(2**48)  # 256 TiB: far above any GPU's memory (H200: 141 GB), far below a sentinel
 _PCIE_MAX = 128e9 * 1.25  # Gen6 x16 raw rate × the 1.25 headroom: the bound when the link is unknown
 _COUNT = dict(lo=0, hi=COUNT_MAX)
@@ -429,6 +452,8 @@ EVENTS: tuple[Field, ...] = (
         "xid", "xid_events", "event", "code", "XID events (driver-reported GPU errors) by code; every event is stored.",
         "nvmlEventSetWait(nvmlEventTypeXidCriticalError), waiter thread", "event", INT32, lo=0, hi=2**31 - 1,
         prometheus="vgpumon_gpu_xid_events_total", prom_type="counter", dcgm="DCGM_FI_DEV_XID_ERRORS",
-        display="code", label="XID", note="a counter per code (label xid), never a 'last XID' gauge", required=True,
+        display="code", label="XID", required=True,
+        note="a counter per code (label xid), never a 'last XID' gauge; the codes of XID_NAMES are served at 0 "
+        "from the agent's start so that increase() sees their first event",
     ),
 )

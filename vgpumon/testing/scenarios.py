@@ -17,6 +17,9 @@ of the transformations below, so every value a test sees was once answered by a 
 * ``retime(factor)`` — the ticks' timestamps (and the XID times in them) moved closer together
   (``factor`` < 1) or further apart around the first tick: the same readings at another pace, for
   replays at recorded pace.
+* ``graft(donor)`` — calls a capture never made (it was recorded before the collector learned
+  them) answer as a donor capture of the same board and driver answered them, slow-set calls
+  from the donor's slow ticks into the base's slow ticks; the base's own answers stay.
 
 Transformations are lazy: each returns ticks that are computed as they are read, tick by tick,
 and can be read again when their input can (a list, or another transformation's output). Long
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from vgpumon.sources.nvml_backend import ReplayBackend, iter_capture
@@ -65,13 +69,18 @@ def load(path: str) -> tuple[dict[str, Any], Ticks]:
     return header, _Lazy(lambda: iter_capture(path)[1])
 
 
+def bus_id(index: int) -> str:
+    """The PCI bus id ``replicate_devices`` gives device ``index`` (NVML form)."""
+    return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+
+
 def _relabel(fn: str, value: Any, index: int) -> Any:
     if fn == "nvmlDeviceGetUUID":
         return f"GPU-00000000-0000-4000-8000-{index:012d}"
     if fn == "nvmlDeviceGetSerial":
         return f"{index:013d}"
     if fn == "nvmlDeviceGetPciInfo" and isinstance(value, dict):
-        bus = f"00000000:{0x18 + index * 0x10:02X}:00.0"
+        bus = bus_id(index)
         return {**value, "busId": bus, "busIdLegacy": bus[4:], "bus": 0x18 + index * 0x10}
     return value
 
@@ -149,7 +158,7 @@ def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[st
     def make() -> Iterator[dict[str, Any]]:
         t0: float | None = None
         for tick in ticks:
-            if t0 is None:
+            if t0 is None and tick["ts"] is not None:
                 t0 = tick["ts"]
 
             def at(ts: float) -> float:
@@ -221,6 +230,43 @@ def edit_call(
     return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, _per_tick(ticks, one)
 
 
+def is_slow_tick(tick: dict[str, Any]) -> bool:
+    """True when the tick read the slow set: every slow tick reads the ECC totals
+    (``vgpumon.sources.nvml``), no fast tick does."""
+    return any(c[1] == "nvmlDeviceGetTotalEccErrors" for c in tick["calls"])
+
+
+def graft(
+    header: dict[str, Any], ticks: Ticks, donor_header: dict[str, Any], donor_ticks: Ticks
+) -> tuple[dict[str, Any], Ticks]:
+    """Add to each tick the donor's answers to calls the tick lacks (see module docstring).
+
+    A base slow tick takes them from the donor's slow ticks, a fast tick from its fast ticks, in
+    turn; the init block from the donor's init block. A call is matched by scope, function and
+    arguments, so a recorded answer is never replaced.
+    """
+
+    def key(c: list[Any]) -> str:
+        return json.dumps(c[:4], sort_keys=True)
+
+    donor_init = [t for t in donor_ticks if t["tick"] < 0]
+    pools = {kind: [t for t in donor_ticks if t["tick"] >= 0 and is_slow_tick(t) == kind] for kind in (True, False)}
+    turn = {True: 0, False: 0}
+    out = []
+    for tick in ticks:
+        if tick["tick"] < 0:
+            donors = donor_init
+        else:
+            kind = is_slow_tick(tick)
+            pool = pools[kind] or pools[not kind]
+            donors = [pool[turn[kind] % len(pool)]] if pool else []
+            turn[kind] += 1
+        have = {key(c) for c in tick["calls"]}
+        added = [copy.deepcopy(c) for d in donors for c in d["calls"] if key(c) not in have]
+        out.append({**tick, "calls": [*tick["calls"], *added]})
+    return {**header, "derived": f"{header.get('derived', '')} graft({donor_header.get('created', 'donor')})".strip()}, out
+
+
 def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:
     """A replay backend over transformed ticks (read as the replay goes)."""
     return ReplayBackend(header=header, ticks=ticks)
@@ -228,7 +274,6 @@ def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:
 
 def write(path: Any, header: dict[str, Any], ticks: Ticks) -> None:
     """Write a (transformed) capture to a file that ``vgpumon agent --replay`` reads."""
-    import json
     from pathlib import Path
 
     from vgpumon.sources.nvml_backend import _open_text

@@ -1,0 +1,84 @@
+"""vLLM serving: per server its state, requests, KV cache and fragmentation, token rates, latency
+percentiles, prewarm, and the GPUs it holds. Ratios are per server, never summed across them."""
+
+from __future__ import annotations
+
+from vgpumon.dashboards.kit import Q, mappings, stat, states, table, ts, unit, variables, yes_no
+from vgpumon.dashboards.kit import dashboard as make
+
+SRV = '{hostname=~"$host", model_name=~"$model"}'
+BY_SERVER = "{{hostname}} {{server}} {{model_name}}"
+
+
+def _latency(title: str, metric: str, what: str):
+    return ts(title, f"{what}: 50th, 95th and 99th percentile over each poll interval, from the histogram's increments.",
+              Q(f"{metric}{SRV}", BY_SERVER + " p{{percentile}}"), unit=unit(metric), w=8)
+
+
+def serving():
+    return make(
+        "vgpumon-vllm", "vLLM serving",
+        "vLLM servers: state, requests, KV cache and its fragmentation, token rates, latency percentiles, prewarm, and "
+        "the GPUs each server holds.",
+        ["vllm"], variables("vgpumon_vllm_server_info", "model_name", "Served model", "vgpumon_gpu_info"),
+        [
+            ("Servers", [
+                table("Servers now", "Each server's state (starting, ready, busy, idle, hung, sleeping, telemetry_down, dead, "
+                      "failed_to_start) and version.", Q(f"vgpumon_vllm_server_state{SRV} == 1"),
+                      unit="none", hide=("Time", "__name__", "Value"), w=12),
+                table("GPUs each server holds", "GPUs holding a process of the server (discovered servers; a --vllm-url target's "
+                      "processes are not visible to the agent).",
+                      Q('vgpumon_vllm_server_gpu_info{hostname=~"$host", model_name=~"$model", gpu=~"$gpu"}'),
+                      unit="none", hide=("Time", "__name__", "Value"), w=12),
+                states("State", "The server's state over time.",
+                       Q(f"vgpumon_vllm_server_state{SRV} == 1", BY_SERVER + " {{state}}"), maps=mappings({1: "current"})),
+                stat("Prewarm", "Process start (or first sight) to the first /health 200: weights, KV-cache sizing, CUDA-graph capture.",
+                     Q(f"vgpumon_vllm_prewarm_seconds{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_prewarm_seconds"), w=8),
+                stat("GPU activity during prewarm", "Mean SM activity of the server's GPUs during its prewarm.",
+                     Q(f"vgpumon_vllm_prewarm_gpu_active_ratio{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_prewarm_gpu_active_ratio"), w=8),
+                stat("/health status", "HTTP status of /health: 200 ready; 500/503 engine dead.",
+                     Q(f"vgpumon_vllm_health_status_code{SRV}", BY_SERVER), unit="none", w=8,
+                     thresholds=[(None, "green"), (300, "red")]),
+            ]),
+            ("Requests and KV cache", [
+                ts("Requests running", "Summed over the server's engines.", Q(f"vgpumon_vllm_requests_running{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_requests_running"), w=8),
+                ts("Requests waiting", "Summed over engines; from 0.20 deferred requests count too.", Q(f"vgpumon_vllm_requests_waiting{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_requests_waiting"), w=8),
+                ts("Requests running per engine", "Data-parallel engines apart.", Q(f"vgpumon_vllm_engine_requests_running{SRV}", BY_SERVER + " engine {{engine}}"),
+                   unit=unit("vgpumon_vllm_engine_requests_running"), w=8),
+                ts("KV-cache usage", "Blocks in use, the fullest engine of each server (a share per server: never summed across servers).",
+                   Q(f"vgpumon_vllm_kv_cache_usage_ratio{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_kv_cache_usage_ratio"), max_=1, w=8),
+                ts("KV-cache fragmentation (estimate)", "Estimated share of used KV slots that hold no token: the tail of each "
+                   "sequence's last block. High when many short requests hold one block each.",
+                   Q(f"vgpumon_vllm_kv_cache_fragmentation_ratio{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_kv_cache_fragmentation_ratio"), max_=1, w=8),
+                ts("Prefix-cache hits", "Hits over queries in each poll interval.", Q(f"vgpumon_vllm_prefix_cache_hit_ratio{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_prefix_cache_hit_ratio"), max_=1, w=8),
+            ]),
+            ("Throughput and latency", [
+                ts("Token rates", "Prompt and generated tokens per second over each poll interval.",
+                   Q(f"vgpumon_vllm_prompt_tokens_per_second{SRV}", BY_SERVER + " prompt"),
+                   Q(f"vgpumon_vllm_generation_tokens_per_second{SRV}", BY_SERVER + " generated"),
+                   unit=unit("vgpumon_vllm_prompt_tokens_per_second")),
+                ts("Requests finished and preempted", "Per second over each poll interval.",
+                   Q(f"vgpumon_vllm_requests_finished_per_second{SRV}", BY_SERVER + " finished"),
+                   Q(f"vgpumon_vllm_preemptions_per_second{SRV}", BY_SERVER + " preempted"),
+                   unit=unit("vgpumon_vllm_requests_finished_per_second")),
+                _latency("Time to first token", "vgpumon_vllm_time_to_first_token_seconds", "Time to first token"),
+                _latency("Inter-token latency", "vgpumon_vllm_inter_token_latency_seconds", "Time between output tokens"),
+                _latency("End-to-end latency", "vgpumon_vllm_e2e_request_latency_seconds", "Request end to end"),
+                _latency("Queue time", "vgpumon_vllm_request_queue_time_seconds", "Time in the queue"),
+            ]),
+            ("Server health", [
+                ts("Telemetry and frozen gauges", "Telemetry: /metrics answered. Stale: vLLM's gauges did not move (an idle engine "
+                   "stops updating them).", Q(f"vgpumon_vllm_telemetry_up{SRV}", BY_SERVER + " telemetry"),
+                   Q(f"vgpumon_vllm_gauges_stale{SRV}", BY_SERVER + " gauges stale"), unit="none", maps=yes_no(), max_=1),
+                ts("Server load (/load)", "Requests the API server tracks (0.8.5+, with --enable-server-load-tracking).",
+                   Q(f"vgpumon_vllm_server_load{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_server_load")),
+                ts("Server host memory (RSS)", "Resident memory of the server's process tree (discovered servers).",
+                   Q(f"vgpumon_vllm_resident_memory_bytes{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_resident_memory_bytes")),
+                ts("Server CPU", "Cores the server's process tree uses (discovered servers).",
+                   Q(f"vgpumon_vllm_cpu_seconds_per_second{SRV}", BY_SERVER), unit=unit("vgpumon_vllm_cpu_seconds_per_second")),
+            ]),
+        ],
+    )

@@ -1,0 +1,143 @@
+"""The agent's HTTP server (aiohttp, on the agent's event loop): ``/metrics`` and ``/healthz``.
+
+Neither needs a token: both are read-only and hold no secrets. The server binds to loopback unless
+``--listen`` says otherwise. Routes that do need a token (the diagnose API) are added to the same
+``web.Application`` (``MetricsServer.app``) by the code that owns them.
+
+``/metrics`` is rendered on the event loop from memory (about a millisecond for 8 GPUs and 8 vLLM
+servers, docs/benchmarks.md), as client_python's own aiohttp handler does; it never waits for
+NVML. The text format 0.0.4 is served whatever the ``Accept`` header asks, like client_golang's
+default (OpenMetrics off): nothing here needs OpenMetrics (no exemplars, no ``_created``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+from aiohttp import web
+
+from vgpumon.exporter.collector import MetricsExporter
+from vgpumon.exporter.config import ExporterConfig
+from vgpumon.exporter.feed import RulesFeed
+from vgpumon.exporter.selection import read_selection
+from vgpumon.exporter.text import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from vgpumon.agent import Agent
+
+log = logging.getLogger(__name__)
+
+
+def build_app(exporter: MetricsExporter) -> web.Application:
+    """The application serving ``exporter``: ``/metrics``, ``/healthz`` and ``/`` (a link page)."""
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=exporter.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        # 200 while ticks arrive; 503 before the first tick and when the newest is too old (a
+        # wedged NVML thread): a readiness probe, since a stalled sampler needs a person, not
+        # a restart loop that hides it.
+        age = exporter.age()
+        ok = exporter.fresh()
+        body = {
+            "status": "ok" if ok else ("starting" if age is None else "stale"),
+            "last_tick_age_seconds": None if age is None else round(age, 3),
+            "stale_after_seconds": exporter.config.stale_after_intervals * exporter.interval,
+        }
+        return web.Response(status=200 if ok else 503, text=json.dumps(body) + "\n", content_type="application/json")
+
+    async def index(_request: web.Request) -> web.Response:
+        return web.Response(
+            text="<html><head><title>vgpumon agent</title></head><body><h1>vgpumon agent</h1>"
+            '<p><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a></p></body></html>\n',
+            content_type="text/html",
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", index)
+    return app
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on ``host:port``, started and stopped around ``Agent.run``.
+
+    Args:
+        exporter: what ``/metrics`` renders.
+        host, port: where to listen (``ExporterConfig.address``); port 0 picks a free one
+            (``port`` then holds it after ``start``).
+    """
+
+    def __init__(self, exporter: MetricsExporter, host: str, port: int) -> None:
+        self.exporter = exporter
+        self.host = host
+        self.port = port
+        self.app = build_app(exporter)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Listen.
+
+        Raises:
+            OSError: the address cannot be bound (in use, not local, no permission).
+        """
+        runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        sockets = getattr(site._server, "sockets", None) or ()  # noqa: SLF001 - aiohttp has no public accessor
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        log.info("serving /metrics on %s/metrics", self.url)
+
+    async def stop(self) -> None:
+        """Stop listening (open scrapes get ``shutdown_timeout`` to finish)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+@contextlib.asynccontextmanager
+async def serving(agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | None = None) -> AsyncIterator[MetricsServer | None]:
+    """Serve ``/metrics`` for ``agent`` while the block runs (``vgpumon agent`` wraps
+    ``agent.run`` in it); yields the server, or ``None`` when serving is off or failed.
+
+    The exporter observes the agent's ticks even when the address cannot be bound: sampling into
+    the store is the agent's first job, so a port in use costs ``/metrics`` (one error line),
+    never the samples.
+
+    Raises:
+        ListenError: ``config.listen`` is malformed.
+        SelectionError: ``config.metrics_file`` cannot be read or names an unknown family.
+    """
+    address = config.address
+    selection = read_selection(config.metrics_file) if config.metrics_file is not None else None
+    exporter = MetricsExporter.for_agent(agent, config, selection=selection, rules=rules)
+    server = None
+    if address is not None:
+        candidate = MetricsServer(exporter, *address)
+        try:
+            await candidate.start()
+            server = candidate
+        except OSError as exc:
+            log.error("cannot serve /metrics on %s:%d (%s); sampling goes on without it", address[0], address[1], exc)
+    try:
+        yield server
+    finally:
+        if server is not None:
+            await server.stop()
