@@ -43,6 +43,7 @@ from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
+from vgpumon.workers import DaemonExecutor
 
 if TYPE_CHECKING:
     from vgpumon.sources.kubernetes import KubernetesSource
@@ -142,6 +143,8 @@ class Agent:
         kubernetes: the kubelet's pod-resources source, refreshed by its own task (every 30 s,
             off the event loop); each snapshot gets its GPU and process owners attached
             (``Snapshot.kubernetes``) and the source's status in ``sources``. ``None``: off.
+        call_deadline: seconds a device's read may take before the device counts as wedged
+            (default: half the interval, 0.25–5 s; a normal read takes under a millisecond).
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class Agent:
         vllm_backoff_max: float = 60.0,
         vllm_stop_timeout: float = 10.0,
         kubernetes: "KubernetesSource | None" = None,
+        call_deadline: float | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -205,7 +209,11 @@ class Agent:
         self._outage_since: float | None = None
         self._outage_rows = 0
         self._folded_at_outage = 0
-        self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
+        # NVML's thread is a daemon one that can be given up on: a call that never returns (a
+        # wedged driver) must not keep the other GPUs from their ticks, nor the process from
+        # exiting on SIGTERM (ThreadPoolExecutor joins its threads at exit).
+        self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+        self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
         self.kubernetes = kubernetes
@@ -230,6 +238,26 @@ class Agent:
 
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
+
+    async def _sample(self, wall: float) -> NvmlReading:
+        """One tick from the NVML source, under a per-device deadline: a device whose read has
+        not finished ``call_deadline`` seconds after it began is wedged — the source marks it, the
+        stuck thread is left behind and the tick is finished on a fresh one, so the other GPUs
+        keep their schedule. Raises ``EndOfCapture`` at the end of a replay."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._nvml_exec, self.source.sample, wall)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=self.call_deadline)
+            if done:
+                return fut.result()
+            stuck = self.source.inflight()
+            if stuck is None or time.monotonic() - stuck[2] < self.call_deadline:
+                continue  # between devices, or one that is slow but within its deadline
+            self.source.abandon(*stuck)
+            fut.cancel()  # its result, when the call comes back, is of no use
+            self._nvml_exec.abandon()
+            self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+            fut = loop.run_in_executor(self._nvml_exec, self.source.resume)
 
     # -- store thread ----------------------------------------------------------------------------
 
@@ -577,7 +605,7 @@ class Agent:
             while not stop.is_set():
                 wall = self._tick_time()
                 try:
-                    reading: NvmlReading = await self._nvml(self.source.sample, wall)
+                    reading: NvmlReading = await self._sample(wall)
                 except EndOfCapture:
                     break
                 ts = reading.ts

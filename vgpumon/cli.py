@@ -234,6 +234,13 @@ def agent(
         Optional[int], typer.Option(help="Read the slow set (ECC, remapped rows, energy, ...) every N ticks (default: 10, or the capture's cadence).")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
+    reprobe_every: Annotated[
+        Optional[int], typer.Option(help="Ask again every N ticks the calls a GPU answered 'not supported' (default 600; setting agent.reprobe_every).")
+    ] = None,
+    call_deadline: Annotated[
+        Optional[str],
+        typer.Option(help="A GPU whose read takes longer is wedged: marked down and skipped until its call returns (default: half the interval; setting agent.call_deadline)."),
+    ] = None,
     host_every: Annotated[
         Optional[int], typer.Option(help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks (default 5).")
     ] = None,
@@ -304,6 +311,8 @@ def agent(
             ("agent", "hostname"): ("--hostname", hostname),
             ("agent", "slow_every"): ("--slow-every", slow_every),
             ("agent", "host_every"): ("--host-every", host_every),
+            ("agent", "reprobe_every"): ("--reprobe-every", reprobe_every),
+            ("agent", "call_deadline"): ("--call-deadline", call_deadline),
             ("agent", "gpm"): ("--no-gpm", False if no_gpm else None),
             ("agent", "spool"): ("--spool", spool),
             ("agent", "spool_max_mb"): ("--spool-max-mb", spool_max_mb),
@@ -331,7 +340,7 @@ def agent(
     slow_every = a.slow_every
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
-    source = NvmlSource(backend, slow_every=slow_every, use_gpm=a.gpm)
+    source = NvmlSource(backend, slow_every=slow_every, use_gpm=a.gpm, reprobe_every=a.reprobe_every)
     source.start()  # no NVIDIA stack: exit 69 here, before a store is created for nothing
     store = open_store(st.url, **_store_kwargs(settings))  # migrates (advisory lock / file lock)
     vllm = None
@@ -364,6 +373,7 @@ def agent(
         backlog=backlog,
         retention=Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention),
         kubernetes=kubernetes,
+        call_deadline=a.call_deadline,
     )
     try:
         stats = asyncio.run(_run_until_signal(runner, exporter))

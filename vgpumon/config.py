@@ -235,6 +235,13 @@ class AgentSettings(_Section):
         None, ge=1, le=1_000_000, description="read the slow set every N ticks; default 10, or a replayed capture's cadence"
     )
     host_every: int = Field(5, ge=1, le=1_000_000, description="sample host CPU/memory and GPU processes every N ticks")
+    reprobe_every: int = Field(
+        600, ge=1, le=1_000_000,
+        description="ask again every N ticks the NVML calls a GPU answered 'not supported' (a driver upgrade or a MIG change can make them answer)",
+    )
+    call_deadline: Optional[Annotated[float, _duration(0.01, 60)]] = Field(
+        None, description="a GPU whose read takes longer counts as wedged and is skipped until the call returns; default: half the interval, 0.25–5 s"
+    )
     gpm: bool = Field(True, description="use GPM for SM activity and PCIe bytes/s where the GPU has it")
     spool: Optional[Path] = Field(
         None, description="directory where ticks wait while the store is away; default: per store under the user's state directory"

@@ -142,6 +142,30 @@ def _describe(exc: NvmlCallError) -> str:
     return f"{exc.reason} ({hint})" if hint else exc.reason
 
 
+class Abandoned(Exception):
+    """Raised in a sampling thread the agent gave up on (it was stuck in a call): its tick was
+    finished by another thread, so it must not touch the source's state any more."""
+
+
+class _Watch:
+    """What the sampling thread is doing now, for the agent's per-device deadline.
+
+    ``device``/``since`` name the device being read and since when (monotonic); ``fn`` the NVML
+    call in flight. ``generation`` changes when the agent abandons a stuck thread: a reader of an
+    older generation that gets its call back stops (``returned`` records how long it hung)."""
+
+    def __init__(self, source: "NvmlSource") -> None:
+        self.source = source
+        self.generation = 0
+        self.device: int | None = None
+        self.fn = ""
+        self.since = 0.0
+
+    def returned(self, index: int, fn: str) -> None:
+        self.source._unwedge(index, fn)
+        raise Abandoned(f"GPU {index}: {fn} returned after the tick was given up")
+
+
 class _Reader:
     """The choke point: one device, one tick. Collects values and reasons for ``None``.
 
@@ -150,7 +174,9 @@ class _Reader:
     ``rejected: …`` reason and is counted.
     """
 
-    __slots__ = ("backend", "index", "unsupported", "door", "rejected", "missing", "pcie_limit", "memory_limit")
+    __slots__ = (
+        "backend", "index", "unsupported", "door", "rejected", "missing", "pcie_limit", "memory_limit", "watch", "generation",
+    )
 
     def __init__(
         self,
@@ -159,11 +185,14 @@ class _Reader:
         unsupported: set[tuple[Any, ...]],
         door: Door,
         gpu: GpuIdentity | None = None,
+        watch: "_Watch | None" = None,
     ) -> None:
         self.backend = backend
         self.index = index
         self.unsupported = unsupported
         self.door = door
+        self.watch = watch
+        self.generation = watch.generation if watch is not None else 0
         self.rejected = door.rejected
         self.missing: dict[str, str] = {}
         # Device bounds (catalogue ``Field.limit``): a PCIe rate above 1.25 × the max link's
@@ -182,15 +211,23 @@ class _Reader:
         if key in self.unsupported:
             self.missing[field] = "not supported"
             return None
+        watch = self.watch
+        if watch is not None:
+            watch.fn = fn
         try:
-            return self.backend.device(self.index, fn, *args, **kwargs)
+            value = self.backend.device(self.index, fn, *args, **kwargs)
         except NvmlCallError as exc:
+            if watch is not None and watch.generation != self.generation:
+                watch.returned(self.index, fn)
             if exc.is_lifecycle:
                 raise DeviceDown(exc) from None
             if exc.code in _PERMANENT:
                 self.unsupported.add(key)
             self.missing[field] = exc.reason
             return None
+        if watch is not None and watch.generation != self.generation:
+            watch.returned(self.index, fn)  # this thread was given up on while the call hung
+        return value
 
     def put(self, field: str, raw: Any, v: dict[str, Any], scale: float = 1.0, limit: float | None = None) -> None:
         """Admit ``raw`` (NVML's unit) × ``scale`` as ``v[field]``; ``None`` stays absent (its
@@ -290,6 +327,10 @@ class NvmlSource:
         self._last_ts: float | None = None
         self._step_noted = False
         self._behind = False
+        # Wedged calls (``abandon``): device index → (NVML call, monotonic time it started)
+        self._watch = _Watch(self)
+        self._wedged: dict[int, tuple[str, float]] = {}
+        self._tick_state: dict[str, Any] | None = None
         self._started = False
         self.reprobe_every = max(1, reprobe_every)
         # Devices NVML counts but could not name (UUID unreadable): index → (reason, failures,
@@ -436,7 +477,7 @@ class NvmlSource:
                 cached.clear()
 
     def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader:
-        return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.door, gpu)
+        return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.door, gpu, self._watch)
 
     def _identity(self, index: int) -> GpuIdentity:
         r = self._reader(index)
@@ -507,42 +548,118 @@ class NvmlSource:
             self._retry_unidentified(tick)
         if slow and tick:
             self._check_device_count(tick)
-        samples = []
+        self._tick_state = {"ts": ts, "tick": tick, "slow": slow, "t0": t0, "mono": time.monotonic(), "done": {}, "late": False}
+        return self._finish_tick()
+
+    def resume(self) -> NvmlReading:
+        """Finish the tick the agent gave up waiting for (a call on one device did not return
+        within its deadline, ``abandon``): the devices read already keep their samples, the
+        wedged one is down, the rest are read now and carry the time they were read.
+
+        Raises:
+            RuntimeError: no tick is in progress.
+        """
+        if self._tick_state is None:
+            raise RuntimeError("no tick to resume")
+        self._tick_state["late"] = True
+        return self._finish_tick()
+
+    def inflight(self) -> tuple[int, str, float] | None:
+        """The device being read now, the NVML call in flight and since when (monotonic), or
+        ``None`` between devices and ticks. Read by the agent's watchdog from another thread."""
+        w = self._watch
+        device = w.device
+        return None if device is None else (device, w.fn, w.since)
+
+    def abandon(self, index: int, fn: str, since: float) -> None:
+        """Give up on the sampling thread stuck in ``fn`` on device ``index``: the device is
+        wedged (down, reason "wedged: <call> for N s", an event) and skipped until the call
+        returns; the stuck thread stops when it does. Call ``resume`` on a fresh thread next."""
+        gpu = next((g for g in self.gpus if g.index == index), None)
+        self._watch.generation += 1
+        self._watch.device = None
+        self._wedged[index] = (fn, since)
+        log.error("GPU %d: %s did not return; skipping the GPU until it does", index, fn)
+        self._event("gpu_wedged", f"gpu:{gpu.uuid}" if gpu else f"index:{index}", f"{fn} did not return")
+
+    def _unwedge(self, index: int, fn: str) -> None:
+        """The stuck call returned (on the abandoned thread): sample the device again."""
+        began = self._wedged.pop(index, (fn, time.monotonic()))[1]
+        hung = time.monotonic() - began
+        gpu = next((g for g in self.gpus if g.index == index), None)
+        log.warning("GPU %d: %s returned after %.1f s; sampling it again", index, fn, hung)
+        self._events.append(
+            HostEvent(ts=self._now, kind="gpu_unwedged", subject=f"gpu:{gpu.uuid}" if gpu else f"index:{index}",
+                      detail=f"{fn} returned after {hung:.1f} s")
+        )
+        self.backend.forget_device(index)  # its GPM pair and handle started before the hang
+
+    @property
+    def wedged(self) -> bool:
+        """A call on some device has not returned (NVML must then not be shut down)."""
+        return bool(self._wedged)
+
+    def _finish_tick(self) -> NvmlReading:
+        state = self._tick_state
+        assert state is not None
+        ts, tick, slow, t0 = state["ts"], state["tick"], state["slow"], state["t0"]
+        done: dict[int, GpuSample] = state["done"]
+        watch = self._watch
+        generation = watch.generation
         for gpu in self.gpus:
-            if self._lib_down is not None:  # the library went down earlier in this tick
-                samples.append(self._down_sample(gpu, ts, f"NVML down: {self._lib_down[0]}"))
+            if gpu.index in done:
                 continue
-            down = self._down.get(gpu.index)
-            if down is not None and tick < down[2]:
-                samples.append(self._down_sample(gpu, ts, f"device down: {down[0]}; retry in {down[2] - tick} ticks"))
+            if watch.generation != generation:
+                raise Abandoned("tick given up")
+            wedged = self._wedged.get(gpu.index)
+            if wedged is not None:
+                done[gpu.index] = self._down_sample(gpu, ts, f"wedged: {wedged[0]} for {time.monotonic() - wedged[1]:.0f} s")
                 continue
-            try:
-                if down is not None:  # a retry after a reset: what it supports may differ
-                    self._unsupported.pop(gpu.index, None)
-                    self._mem_api.pop(gpu.index, None)
-                samples.append(self._sample_device(gpu, ts, slow))
-                if down is not None:
-                    log.warning("GPU %d (%s) is back after %d failed tries", gpu.index, gpu.uuid, down[1])
-                    self._event("gpu_recovered", f"gpu:{gpu.uuid}", f"after {down[1]} failed tries ({down[0]})")
-                    del self._down[gpu.index]
-            except DeviceDown as exc:
-                self.backend.forget_device(gpu.index)
-                if exc.error.code in _LIBRARY_DOWN:
-                    self._library_failed(tick, exc.error)
-                    samples.append(self._down_sample(gpu, ts, f"NVML down: {self._lib_down[0]}"))  # type: ignore[index]
-                    continue
-                failures = 1 if down is None else down[1] + 1
-                if down is None:
-                    log.warning("GPU %d (%s) down: %s", gpu.index, gpu.uuid, exc.error.reason)
-                    self._event("gpu_down", f"gpu:{gpu.uuid}", exc.error.reason)
-                self._down[gpu.index] = (exc.error.reason, failures, tick + self._backoff(failures))
-                samples.append(self._down_sample(gpu, ts, f"device down: {exc.error.reason}"))
+            # a device read after the tick was resumed carries the time it was read
+            at = ts + (time.monotonic() - state["mono"]) if state["late"] else ts
+            watch.device, watch.since = gpu.index, time.monotonic()
+            sample = self._read_device(gpu, at, tick, slow)
+            watch.device = None
+            if watch.generation != generation:
+                raise Abandoned("tick given up")
+            done[gpu.index] = sample
+        self._tick_state = None
+        samples = [done[g.index] for g in self.gpus if g.index in done]
         xids = self._poll_xids() if self._lib_down is None else ()
         if self._xid_counts:  # counts stay on every later sample, not only the event's tick
             samples = [self._with_xids(s) for s in samples]
         if self._lib_down is None:
             self.last_success_ts = ts
         return NvmlReading(ts, tuple(samples), xids, self.status(time.perf_counter() - t0), self._take_events())
+
+    def _read_device(self, gpu: GpuIdentity, ts: float, tick: int, slow: bool) -> GpuSample:
+        """One device's sample for this tick, or its down sample (lost, back-off, NVML down)."""
+        if self._lib_down is not None:  # the library went down earlier in this tick
+            return self._down_sample(gpu, ts, f"NVML down: {self._lib_down[0]}")
+        down = self._down.get(gpu.index)
+        if down is not None and tick < down[2]:
+            return self._down_sample(gpu, ts, f"device down: {down[0]}; retry in {down[2] - tick} ticks")
+        try:
+            if down is not None:  # a retry after a reset: what it supports may differ
+                self._unsupported.pop(gpu.index, None)
+                self._mem_api.pop(gpu.index, None)
+            sample = self._sample_device(gpu, ts, slow)
+            if down is not None:
+                log.warning("GPU %d (%s) is back after %d failed tries", gpu.index, gpu.uuid, down[1])
+                self._event("gpu_recovered", f"gpu:{gpu.uuid}", f"after {down[1]} failed tries ({down[0]})")
+                del self._down[gpu.index]
+            return sample
+        except DeviceDown as exc:
+            self.backend.forget_device(gpu.index)
+            if exc.error.code in _LIBRARY_DOWN:
+                self._library_failed(tick, exc.error)
+                return self._down_sample(gpu, ts, f"NVML down: {self._lib_down[0]}")  # type: ignore[index]
+            failures = 1 if down is None else down[1] + 1
+            if down is None:
+                log.warning("GPU %d (%s) down: %s", gpu.index, gpu.uuid, exc.error.reason)
+                self._event("gpu_down", f"gpu:{gpu.uuid}", exc.error.reason)
+            self._down[gpu.index] = (exc.error.reason, failures, tick + self._backoff(failures))
+            return self._down_sample(gpu, ts, f"device down: {exc.error.reason}")
 
     def _stamp(self, ts: float) -> float:
         """The tick's stored time: the wall clock (or the capture's), never at or before the
@@ -806,9 +923,16 @@ class NvmlSource:
             r.get("mig_mode", mig, "")
 
     def _gpm(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
+        watch = r.watch
+        if watch is not None:
+            watch.fn = "nvmlGpmSampleGet"
         try:
             metrics = self.backend.gpm(gpu.index, GPM_METRICS)
+            if watch is not None and watch.generation != r.generation:
+                watch.returned(gpu.index, "nvmlGpmSampleGet")
         except NvmlCallError as exc:
+            if watch is not None and watch.generation != r.generation:
+                watch.returned(gpu.index, "nvmlGpmSampleGet")
             if exc.is_lifecycle:
                 raise DeviceDown(exc) from None
             for field in _GPM_FIELDS.values():
@@ -912,5 +1036,9 @@ class NvmlSource:
             r.put(f, r.get(f, latest, k), v, 1000.0, r.pcie_limit)  # NVML "KB" is 1000 bytes (FACTS §1)
 
     def close(self) -> None:
-        """Release NVML (never raises)."""
+        """Release NVML (never raises). Not while a call is stuck: shutting the library down
+        under a thread that is inside it can hang as well, and the process is exiting anyway."""
+        if self._wedged:
+            log.warning("NVML not shut down: %s still has not returned", ", ".join(f"{fn} on GPU {i}" for i, (fn, _) in self._wedged.items()))
+            return
         self.backend.shutdown()

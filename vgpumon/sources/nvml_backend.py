@@ -19,7 +19,9 @@ Capture format (JSON Lines, gzip when the file name ends in ``.gz``)::
     {"tick": -1, "ts": 1764467000.1, "calls": [[scope, fn, args, kwargs, outcome], ...]}  init
     {"tick": 0,  "ts": 1764467001.1, "calls": [...]}                                 one per tick
 
-``scope`` is ``"sys"`` or the device index; ``outcome`` is ``{"v": value}`` or ``{"e": code}``.
+``scope`` is ``"sys"`` or the device index; ``outcome`` is ``{"v": value}`` or ``{"e": code}``,
+with ``"d"``: the call's duration in seconds when it took 1 ms or more (a replay reproduces 10 ms
+or more: a slow or wedged call).
 The ``gpm`` pseudo-call records GPM metric outputs: ``{"v": {"<metric id>": value or {"e": code}}}``
 or ``{"v": null}`` for the first sample of a device, which has no pair yet.
 """
@@ -470,6 +472,20 @@ def _open_text(path: Path, mode: str) -> IO[str]:
     return open(path, mode, encoding="utf-8")
 
 
+#: A call that took this long or more carries its duration in a capture (``"d"``, seconds); a
+#: replay reproduces durations of ``REPLAY_DELAY_MIN_S`` or more (a slow or wedged call), not the
+#: microseconds of ordinary calls.
+RECORD_DURATION_MIN_S = 0.001
+REPLAY_DELAY_MIN_S = 0.01
+
+
+def _timed(outcome: dict[str, Any], t0: float) -> dict[str, Any]:
+    took = time.perf_counter() - t0
+    if took >= RECORD_DURATION_MIN_S:
+        outcome["d"] = round(took, 6)
+    return outcome
+
+
 def _encode_outcome(value: Any = None, error: NvmlCallError | None = None) -> dict[str, Any]:
     if error is not None:
         return {"e": error.code}
@@ -519,17 +535,18 @@ class RecordingBackend:
         self._calls = []
 
     def _record(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any], call: Any) -> Any:
+        t0 = time.perf_counter()
         try:
             value = call()
         except NvmlCallError as exc:
-            self._calls.append([scope, fn, list(args), dict(kwargs), _encode_outcome(error=exc)])
+            self._calls.append([scope, fn, list(args), dict(kwargs), _timed(_encode_outcome(error=exc), t0)])
             raise
         stored = _masked(fn, scope, value) if self._mask else value
         if fn == "gpm" and value is not None:
             stored = {
                 str(k): ({"e": v.code} if isinstance(v, NvmlCallError) else v) for k, v in value.items()
             }
-        self._calls.append([scope, fn, list(args), dict(kwargs), _encode_outcome(stored)])
+        self._calls.append([scope, fn, list(args), dict(kwargs), _timed(_encode_outcome(stored), t0)])
         return _masked(fn, scope, value) if self._mask else value
 
     def init(self) -> None:
@@ -605,6 +622,8 @@ def _shape_error(tick: Any) -> str | None:
             return f"{fn}: args or kwargs have the wrong type"
         if not isinstance(outcome, dict) or not (("v" in outcome) ^ ("e" in outcome)):
             return f"{fn}: outcome is not {{\"v\": value}} or {{\"e\": code}}"
+        if "d" in outcome and not _is_number(outcome["d"]):
+            return f"{fn}: duration is not a number of seconds"
         if "e" in outcome and not _is_int(outcome["e"]):
             return f"{fn}: error code is not an integer"
     return None
@@ -764,6 +783,9 @@ class ReplayBackend:
         if not queue:
             raise NvmlCallError(NOT_IN_CAPTURE, fn)
         outcome = queue.pop(0) if len(queue) > 1 else queue[0]
+        delay = outcome.get("d")
+        if isinstance(delay, (int, float)) and delay >= REPLAY_DELAY_MIN_S:
+            time.sleep(delay)  # a slow or wedged call, as recorded (or as a scenario made it)
         if "e" in outcome:
             raise NvmlCallError(int(outcome["e"]), fn)
         return outcome["v"]

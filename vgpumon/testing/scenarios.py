@@ -17,6 +17,9 @@ of the transformations below, so every value a test sees was once answered by a 
 * ``retime(factor)`` — the ticks' timestamps (and the XID times in them) moved closer together
   (``factor`` < 1) or further apart around the first tick: the same readings at another pace, for
   replays at recorded pace.
+* ``delay_call(scope, fn, seconds, ticks=...)`` — the call answers as recorded but takes
+  ``seconds`` (a wedged driver call: the failure that makes other exporters hang); replay blocks
+  that long.
 * ``graft(donor)`` — calls a capture never made (it was recorded before the collector learned
   them) answer as a donor capture of the same board and driver answered them, slow-set calls
   from the donor's slow ticks into the base's slow ticks; the base's own answers stay.
@@ -265,6 +268,33 @@ def graft(
         added = [copy.deepcopy(c) for d in donors for c in d["calls"] if key(c) not in have]
         out.append({**tick, "calls": [*tick["calls"], *added]})
     return {**header, "derived": f"{header.get('derived', '')} graft({donor_header.get('created', 'donor')})".strip()}, out
+
+
+def delay_call(
+    header: dict[str, Any],
+    ticks: Ticks,
+    scope: Any,
+    fn: str,
+    seconds: float,
+    *,
+    at: Iterable[int],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Ticks]:
+    """Make call ``(scope, fn, args, kwargs)`` take ``seconds`` in ticks ``at`` (its recorded
+    answer, late): a wedged driver call, which replay reproduces by blocking that long."""
+    wanted = set(at)
+    kwargs = kwargs or {}
+
+    def one(tick: dict[str, Any]) -> dict[str, Any]:
+        calls = [list(c) for c in tick["calls"]]
+        if tick["tick"] in wanted:
+            for c in calls:
+                if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs:
+                    c[4] = {**c[4], "d": seconds}
+        return {**tick, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} delay_call({scope}, {fn}, {seconds})".strip()}, _per_tick(ticks, one)
 
 
 def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:
