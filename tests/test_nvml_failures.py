@@ -213,3 +213,31 @@ def test_hbm_temperature_recorded_on_the_h200_replays_as_nvidia_smi_read_it(tmp_
     assert len(rows) == agent.stats.ticks == 13
     assert {r["memory_temperature_celsius"] for r in rows} == {38.0}
     assert {r["temperature_celsius"] for r in rows} == {34.0}
+
+
+#: nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) on the H200 that recorded
+#: the captures (driver 580.159.04; bench/results/h200-thresholds.txt): 89 °C.
+H200_SLOWDOWN_C = 89
+
+
+def with_slowdown_threshold(header, ticks, outcome=None):
+    """The capture with the H200's slowdown-threshold answer in its init block (the captures were
+    recorded before the collector asked for it; the answer is the one the same H200 gave)."""
+    return scenarios.set_call(
+        header, ticks, 0, "nvmlDeviceGetTemperatureThreshold", outcome or {"v": H200_SLOWDOWN_C}, at=[-1], args=[1]
+    )
+
+
+def test_slowdown_temperature_is_read_once_at_start_and_stored(tmp_path, db_url, store_of):
+    """The GPU's own slowdown threshold is a static fact: read at start (init block), stored on
+    the GPU's row; a board that does not report it has None with the reason, not 0 °C."""
+    src = NvmlSource(scenarios.backend(*with_slowdown_threshold(*read_capture(H200_CAPTURE))))
+    (gpu,) = src.start()
+    assert gpu.slowdown_temperature_celsius == 89.0
+    replay_into(db_url, scenarios.backend(*with_slowdown_threshold(*read_capture(H200_CAPTURE))), hostname="h")
+    (stored,) = store_of(db_url).gpus_of("h")
+    assert stored.identity.slowdown_temperature_celsius == 89.0
+
+    header, ticks = with_slowdown_threshold(*read_capture(H200_CAPTURE), {"e": NVML_ERROR_NOT_SUPPORTED})
+    (gpu,) = NvmlSource(scenarios.backend(header, ticks)).start()
+    assert gpu.slowdown_temperature_celsius is None

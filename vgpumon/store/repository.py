@@ -143,6 +143,7 @@ class Store:
                         gpm_supported=g.gpm_supported,
                         sm_clock_max_hertz=g.sm_clock_max_hertz,
                         memory_clock_max_hertz=g.memory_clock_max_hertz,
+                        slowdown_temperature_celsius=g.slowdown_temperature_celsius,
                         last_seen=now,
                     )
                     gpu_id = conn.scalar(select(Gpu.id).where(Gpu.uuid == g.uuid))
@@ -408,6 +409,7 @@ class Store:
                         gpm_supported=bool(g["gpm_supported"]),
                         sm_clock_max_hertz=g["sm_clock_max_hertz"],
                         memory_clock_max_hertz=g["memory_clock_max_hertz"],
+                        slowdown_temperature_celsius=g["slowdown_temperature_celsius"],
                     ),
                 )
             )

@@ -105,6 +105,7 @@ def catalogue_columns(table: str) -> list[Column[Any]]:
 
 
 HERTZ = column_type(catalogue.core.HERTZ)  # the gpus table's max clocks
+CELSIUS = column_type(catalogue.core.CELSIUS)  # the gpus table's slowdown threshold
 
 
 class Base(DeclarativeBase):
@@ -152,6 +153,7 @@ class Gpu(Base):
     gpm_supported: Mapped[bool] = mapped_column(Boolean, default=False)
     sm_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
     memory_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
+    slowdown_temperature_celsius: Mapped[float | None] = mapped_column(CELSIUS)
     first_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
     last_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
