@@ -171,13 +171,18 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Sample rows of one start, oldest first (``state`` as ``ServerState``)."""
+    def samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+        """Sample rows of one start, oldest first (``state`` as ``ServerState``); only those with
+        ``start <= ts <= end`` when given (a start can poll for weeks)."""
+        c = _SAMPLES.c
+        where = [c.instance_id == instance_id]
+        if start is not None:
+            where.append(c.ts >= start)
+        if end is not None:
+            where.append(c.ts <= end)
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(_SAMPLES).where(_SAMPLES.c.instance_id == instance_id).order_by(_SAMPLES.c.ts)
-                ).mappings().all()
+                rows = conn.execute(select(_SAMPLES).where(and_(*where)).order_by(c.ts)).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         out = []
@@ -188,14 +193,18 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def engine_samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Per-engine rows of one start, by time then model and engine."""
+    def engine_samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+        """Per-engine rows of one start, by time then model and engine; only ``start <= ts <=
+        end`` when given."""
         c = _ENGINES.c
+        where = [c.instance_id == instance_id]
+        if start is not None:
+            where.append(c.ts >= start)
+        if end is not None:
+            where.append(c.ts <= end)
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(_ENGINES).where(c.instance_id == instance_id).order_by(c.ts, c.model_name, c.engine)
-                ).mappings().all()
+                rows = conn.execute(select(_ENGINES).where(and_(*where)).order_by(c.ts, c.model_name, c.engine)).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return [dict(r) for r in rows]
