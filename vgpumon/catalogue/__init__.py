@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpumon.catalogue import gpu, host, vllm
+from vgpumon.catalogue import exported, gpu, host, vllm
 from vgpumon.catalogue.core import AGGREGATES, KINDS, UNIT_SUFFIXES, Encoding, Field
 from vgpumon.catalogue.door import Door, Rejected, is_rejection, sentinel
 
@@ -49,6 +49,7 @@ FIELDS: tuple[Field, ...] = (
     *gpu.IDENTITY,
     *gpu.SAMPLES,
     *gpu.DERIVED,
+    *exported.EXPORTED,
     *gpu.PROCESSES,
     *gpu.EVENTS,
     *host.HOST,
@@ -144,7 +145,7 @@ def fmt(f: Field | tuple[str | None, str], value: Any, reason: str | None = None
 _TABLE_TITLES = {
     "gpus": "GPU identity (`gpus`, read at start and after a re-initialisation)",
     "gpu_samples": "GPU samples (`gpu_samples`, one row per GPU per tick)",
-    None: "Derived in the source, not stored",
+    None: "Derived, not stored (by the source, or by the exporter at each scrape: cadence export)",
     "gpu_process_samples": "GPU processes (`gpu_process_samples`, every host sample)",
     "xid_events": "XID events (`xid_events`, one row per event)",
     "host_samples": "Host (`host_samples`, every host sample)",
@@ -189,7 +190,7 @@ def render_markdown() -> str:
         "door: stored as NULL, counted per field and recorded with its reason in `rejected_values`.",
         "Cadence: fast = every tick (default 1 s), slow = every `--slow-every` ticks (default 10),",
         "static = at start and after a re-initialisation, host = every `--host-every` ticks, poll = every",
-        "vLLM poll, start = once per server start.",
+        "vLLM poll, start = once per server start, export = derived by the exporter at each scrape.",
     ]
     for table in _TABLE_TITLES:
         rows = fields_of(table)

@@ -141,7 +141,9 @@ class Field:
             names and versions, or the psutil call.
         cadence: ``fast`` (every tick), ``slow`` (every ``slow_every`` ticks), ``static`` (at
             start and after a re-initialisation), ``event``, ``host`` (every ``host_every``
-            ticks), ``poll`` (every vLLM poll), ``start`` (once per server start).
+            ticks), ``poll`` (every vLLM poll), ``start`` (once per server start), ``export``
+            (derived by the exporter at each scrape from facts the agent has; the rule twins
+            query these).
         encoding: how the store keeps it.
         lo, hi: the valid range in base units, both inclusive; a value outside (or NaN, ±Inf,
             a blank sentinel, a non-number) is rejected at the door. ``None``: no bound
