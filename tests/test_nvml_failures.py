@@ -174,7 +174,7 @@ def test_diagnose_turns_xid_79_into_critical(tmp_path):
     subprocess.run(vg + ["agent", "--replay", str(cap), "--db", url], check=True, capture_output=True)
     out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "[CRITICAL] XID 79 × 1 in the window" in out.stdout
+    assert "[CRITICAL] XID 79 × 1 (GPU has fallen off the bus) in the last 10 min." in out.stdout
 
 
 def _field_values(ret: int, value: int) -> dict:
