@@ -296,11 +296,10 @@ def _thermal_twin(th: Thresholds) -> list[Twin]:
     limit = prom("gpus", "slowdown_temperature_celsius")
     desc = ("GPU {{ $labels.gpu }} of {{ $labels.hostname }} is slowed down by heat over the last " + w
             + " (thermal clocks-event reason, or temperature at the GPU's own slowdown threshold).")
-    return [
-        Twin(f'max {BY} (avg_over_time({reasons}{{reason=~"{thermal}"}}[{w}])) >= 0.5', desc),
-        Twin(f"max {BY} (avg_over_time({prom(G, 'temperature_celsius')}[{w}])) "
-             f">= on (hostname, gpu, uuid) (max {BY} ({limit}) - {th.thermal_margin_celsius})", desc),
-    ]
+    expr = (f'max {BY} (avg_over_time({reasons}{{reason=~"{thermal}"}}[{w}])) >= 0.5\n'
+            f"or max {BY} (avg_over_time({prom(G, 'temperature_celsius')}[{w}]))\n"
+            f"   >= on (hostname, gpu, uuid) (max {BY} ({limit}) - {th.thermal_margin_celsius:g})")
+    return [Twin(expr, desc)]
 
 
 def _brake(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -408,7 +407,7 @@ def _missing_twin(th: Thresholds) -> list[Twin]:
     info = prom(None, "gpu_info")
     look = prom_duration(th.missing_lookback_seconds)
     expr = (f"max {BY} ((max_over_time({info}[{look}]) unless on (hostname, uuid) {info})\n"
-            f"  and on (hostname) group_left () max by (hostname) ({info}))")
+            f"  and on (hostname) max by (hostname) ({info}))")
     return [Twin(expr, "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) of {{ $labels.hostname }} reported in the last " + look
                  + " and is gone from NVML's list while the host's other GPUs report.",
                  for_seconds=th.missing_after_seconds)]
