@@ -36,6 +36,7 @@ from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, Backlog
 
 if TYPE_CHECKING:
+    from vgpumon.rules.runner import RuleRunner
     from vgpumon.sources.vllm import ServerSample, VllmSource
     from vgpumon.store.retention import Retention
     from vgpumon.store.vllm_repository import VllmRepository
@@ -97,6 +98,8 @@ class Agent:
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
             of wall time; ``None`` runs none.
         maintenance_every: seconds between retention steps.
+        rules: evaluates the rule catalogue over the store on its own thread and sends alerts to
+            its sinks (``vgpumon.rules.runner``); ``None`` evaluates none. Needs a store.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Agent:
         backlog: Backlog | None = None,
         retention: "Retention | None" = None,
         maintenance_every: float = 60.0,
+        rules: "RuleRunner | None" = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -150,6 +154,7 @@ class Agent:
         self._nvml_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-nvml")
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+        self.rules = rules if store is not None else None
 
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
@@ -374,6 +379,9 @@ class Agent:
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
             if self.vllm is not None:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
+            if self.rules is not None:  # rules (issue 11): evaluated off the sampling path
+                assert self.store is not None
+                await self.rules.start(self.store, self.hostname, self._store_exec)
             start = self.monotonic()
             first_ts: float | None = None
             last_flush = start
@@ -409,6 +417,8 @@ class Agent:
                     if self.monotonic() - last_flush >= self.flush_every:
                         self._flush()
                         last_flush = self.monotonic()
+                if self.rules is not None:
+                    self.rules.poke(ts)  # never blocks: starts an evaluation cycle when one is due
                 if self.on_tick is not None:
                     self.on_tick(snap)
                 if self.paced:
@@ -420,6 +430,8 @@ class Agent:
             if vllm_task is not None:
                 await vllm_task
             await self._drain()
+            if self.rules is not None:
+                await self.rules.finish()  # a last evaluation over every row written, sinks flushed
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows
             self.stats.rows_folded = self.backlog.folded_rows
