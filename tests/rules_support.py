@@ -26,6 +26,19 @@ IDLE_FULL = DATA / "h200-idle-full.jsonl.gz"  # every field, slow set every 2 ti
 PCIE_GPM = (20, 21)
 
 
+#: nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) on the H200 that recorded
+#: the captures (driver 580.159.04; bench/results/h200-thresholds.txt): 89 °C.
+H200_SLOWDOWN_C = 89
+
+
+def with_slowdown_threshold(header: dict, ticks: list, outcome: dict | None = None) -> tuple[dict, list]:
+    """The capture with the H200's slowdown-threshold answer in its init block (the captures were
+    recorded before the collector asked for it; the answer is the one the same H200 gave)."""
+    return scenarios.set_call(
+        header, ticks, 0, "nvmlDeviceGetTemperatureThreshold", outcome or {"v": H200_SLOWDOWN_C}, at=[-1], args=[1]
+    )
+
+
 def copy_phase(minutes: float = 10.0, devices: int = 1) -> tuple[dict, list]:
     """The recorded H2D copy phase of the H200 capture (ticks at least 1.2 s inside it: a tick's
     GPM figures average the second before it), repeated to ``minutes``, as ``devices`` GPUs."""

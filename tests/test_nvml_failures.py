@@ -7,6 +7,7 @@ the agent or store a number that is not a reading.
 from __future__ import annotations
 
 from conftest import DATA, H200_CAPTURE, read_all, replay_into
+from rules_support import with_slowdown_threshold
 
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import (
@@ -213,19 +214,6 @@ def test_hbm_temperature_recorded_on_the_h200_replays_as_nvidia_smi_read_it(tmp_
     assert len(rows) == agent.stats.ticks == 13
     assert {r["memory_temperature_celsius"] for r in rows} == {38.0}
     assert {r["temperature_celsius"] for r in rows} == {34.0}
-
-
-#: nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) on the H200 that recorded
-#: the captures (driver 580.159.04; bench/results/h200-thresholds.txt): 89 °C.
-H200_SLOWDOWN_C = 89
-
-
-def with_slowdown_threshold(header, ticks, outcome=None):
-    """The capture with the H200's slowdown-threshold answer in its init block (the captures were
-    recorded before the collector asked for it; the answer is the one the same H200 gave)."""
-    return scenarios.set_call(
-        header, ticks, 0, "nvmlDeviceGetTemperatureThreshold", outcome or {"v": H200_SLOWDOWN_C}, at=[-1], args=[1]
-    )
 
 
 def test_slowdown_temperature_is_read_once_at_start_and_stored(tmp_path, db_url, store_of):

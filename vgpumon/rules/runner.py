@@ -99,14 +99,14 @@ class RuleRunner:
         if self._task is not None:
             await self._task
         if self._store is not None:
-            await self._cycle()
+            await self._cycle(final=True)
         await self.dispatcher.close()
         self._exec.shutdown(wait=True)
 
-    async def _cycle(self) -> None:
+    async def _cycle(self, final: bool = False) -> None:
         loop = asyncio.get_running_loop()
         try:
-            changes = await loop.run_in_executor(self._exec, self._evaluate)
+            changes = await loop.run_in_executor(self._exec, self._evaluate, final)
             if changes.saved or changes.dropped:
                 assert self._repo is not None
                 await loop.run_in_executor(self._write_exec, self._repo.save, self._hostname, changes.saved, changes.dropped)
@@ -118,8 +118,9 @@ class RuleRunner:
             return
         self.dispatcher.submit(changes.notify)
 
-    def _evaluate(self) -> Changes:
-        """One cycle, on the rules thread: evaluate at each due time up to the newest stored tick."""
+    def _evaluate(self, final: bool = False) -> Changes:
+        """One cycle, on the rules thread: evaluate at each due time up to the newest stored tick
+        (``final``: every rule at the newest, whatever its cadence — the agent stops)."""
         assert self._store is not None
         gpus = self._store.gpus_of(self._hostname)
         newest = self._store.newest_ts([g.id for g in gpus])
@@ -134,10 +135,11 @@ class RuleRunner:
                 times.append(t)
                 t += self.interval
             times.append(newest)
-            if newest <= self._last_at:
+            if newest <= self._last_at and not final:
                 return total
         for at in times:
-            due = [r for r in self.engine.rules if at - self._last_rule.get(r.name, -1e18) >= r.every_seconds]
+            due = [r for r in self.engine.rules
+                   if at - self._last_rule.get(r.name, -1e18) >= r.every_seconds or (final and at == newest)]
             if not due:
                 continue
             # catch-up times are in the past: only the newest is compared with the wall clock
