@@ -185,3 +185,52 @@ def test_health_rule_is_silent_on_its_counterpart(case, tmp_path):
     assert f.state == "ok", f  # judged healthy on its inputs — not unknown for lack of them
     assert firing(stored_alerts(url), case.rule) == []
 
+
+
+# -- a source that stopped reporting --------------------------------------------------------------
+
+from vgpumon.model import InstanceIdentity, ServerSample, ServerState  # noqa: E402
+from vgpumon.store import Store  # noqa: E402
+from vgpumon.store.vllm_repository import VllmRepository  # noqa: E402
+
+
+def _gpu_times(url: str) -> list[float]:
+    store = Store(url)
+    try:
+        (gpu,) = store.gpus_of("h")
+        return [r["ts"] for r in store.series(gpu.id, 0, 4e9, ("up",))]
+    finally:
+        store.close()
+
+
+def _feed_sources(url: str, until: float) -> None:
+    """Host samples and one vLLM server's polls alongside the GPU ticks, up to ``until``."""
+    store = Store(url)
+    try:
+        host_id = store.host_id("h")
+        times = [t for t in _gpu_times(url) if t <= until]
+        store.write_extra_rows([{"host_samples": [{"host_id": host_id, "ts": t, "cpu_ratio": 0.1, "memory_used_bytes": 2**34,
+                                                   "memory_total_bytes": 2**40, "load1": 1.0, "load5": 1.0, "load15": 1.0}
+                                                  for t in times]}])
+        ident = InstanceIdentity(host="127.0.0.1", port=8000, url="http://127.0.0.1:8000", origin="static", pid=None,
+                                 process_start=None, first_seen=times[0])
+        VllmRepository(store.engine).write("h", [ServerSample(instance=ident, ts=t, state=ServerState.IDLE, reason="idle",
+                                                              telemetry="full") for t in times])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_source_that_stopped_reporting_is_its_own_alert(tmp_path, stopped):
+    """GPU ticks for 210 s (the idle capture, repeated); host samples and vLLM polls stop after
+    the first minute — or go on to the end."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, *idle_full(repeat=10))
+    times = _gpu_times(url)
+    _feed_sources(url, times[0] + 60 if stopped else times[-1])
+    by_rule, alerts = at_end(url)
+    states = {f.labels["source"]: f.state for f in by_rule["VgpumonSourceSilent"]}
+    assert states == ({"nvml": "ok", "host": "firing", "vllm": "firing"} if stopped else {"nvml": "ok", "host": "ok", "vllm": "ok"})
+    if stopped:
+        (host,) = [a for a in alerts if a.name == "VgpumonSourceSilent" and a.labels["source"] == "host"]
+        assert host.description == "The host source's newest host sample is 3 min old (limit 2 min)."
