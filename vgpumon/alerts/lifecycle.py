@@ -15,7 +15,7 @@ without the condition), one open alert per rule and subject (deduplicated by fin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from vgpumon.model import Alert, fingerprint
@@ -32,7 +32,8 @@ class Changes:
     Attributes:
         saved: alerts created or changed (to store).
         dropped: pending alerts whose condition stopped before they fired (to delete).
-        notify: alerts that went firing or resolved (to send to the sinks).
+        notify: alerts that went firing or resolved (to send to the sinks), as they were at that
+            transition: one update may walk an alert through both.
     """
 
     saved: list[Alert] = field(default_factory=list)
@@ -100,7 +101,7 @@ class AlertBook:
             a.last_eval, a.value, a.description, a.ok_since = at, f.value, rule.describe(f), None
             if a.state == "pending" and at - a.active_since >= rule.for_(th):
                 a.state, a.fired_at = "firing", at
-                ch.notify.append(a)
+                ch.notify.append(_snapshot(a))
             ch.saved.append(a)
         for fp, a in list(self._open.items()):
             if a.name not in names:
@@ -118,6 +119,10 @@ class AlertBook:
             if at - a.ok_since >= self.rules[a.name].keep_firing_seconds:
                 a.state, a.resolved_at = "resolved", at
                 del self._open[fp]
-                ch.notify.append(a)
+                ch.notify.append(_snapshot(a))
             ch.saved.append(a)
         return ch
+
+
+def _snapshot(a: Alert) -> Alert:
+    return replace(a, labels=dict(a.labels))

@@ -151,6 +151,11 @@ class Dispatcher:
     def __init__(self, sinks: Sequence[Sink], *, queue_max: int = 1000, retry_max: float = 60.0,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.sinks = list(sinks)
+        seen: dict[str, int] = {}
+        for s in self.sinks:  # two webhooks are "webhook" and "webhook-2" in logs and counters
+            seen[s.name] = seen.get(s.name, 0) + 1
+            if seen[s.name] > 1:
+                s.name = f"{s.name}-{seen[s.name]}"
         self.queue_max = queue_max
         self.retry_max = retry_max
         self.clock = clock

@@ -360,7 +360,7 @@ def _live_vllm_gpus(view: HostView, window: float) -> set[str]:
 
 def _held_idle(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     window = th.memory_idle_window_seconds
-    agg = view.window(window, ("ts", "memory_used_bytes", "sm_active_ratio"))
+    agg = view.window(window, ("ts", "memory_used_bytes", "sm_active_ratio", "utilization_gpu_ratio"))
     serving = _live_vllm_gpus(view, window)
     for g in view.gpus:
         a = agg[g.id]
@@ -370,10 +370,12 @@ def _held_idle(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         if not _covers(a, view, window) or a["memory_used_bytes_min"] is None or a["sm_active_ratio_max"] is None:
             yield _unknown(rule, view, g, f"memory or SM activity not reported over the last {duration(window)}")
             continue
-        held, busiest = a["memory_used_bytes_min"], a["sm_active_ratio_max"]
-        on = held >= th.memory_idle_min_bytes and busiest <= th.memory_idle_sm_ratio and g.identity.uuid not in serving
+        held, busiest, util = a["memory_used_bytes_min"], a["sm_active_ratio_max"], a["utilization_gpu_ratio_max"]
+        # utilization too: a copy engine at work (SM 0, utilization 100 %) is not idle
+        idle = busiest <= th.memory_idle_sm_ratio and (util is None or util <= th.memory_idle_utilization_ratio)
+        on = held >= th.memory_idle_min_bytes and idle and g.identity.uuid not in serving
         yield Finding(rule.name, _labels(view, g), "firing" if on else "ok", held,
-                      {"held": gb(held), "sm": pct(busiest), "window": duration(window),
+                      {"held": gb(held), "sm": pct(busiest), "util": pct(util), "window": duration(window),
                        "vllm": " (held by a live vLLM server: its KV cache)" if g.identity.uuid in serving else ""})
 
 
@@ -382,7 +384,8 @@ def _held_idle_twin(th: Thresholds) -> list[Twin]:
     mapping = prom(None, "vllm_server_gpu_info")
     expr = (
         f"(max {BY} (min_over_time({prom(G, 'memory_used_bytes')}[{w}])) >= {th.memory_idle_min_bytes:.0f}\n"
-        f" and max {BY} (max_over_time({prom(G, 'sm_active_ratio')}[{w}])) <= {th.memory_idle_sm_ratio})\n"
+        f" and max {BY} (max_over_time({prom(G, 'sm_active_ratio')}[{w}])) <= {th.memory_idle_sm_ratio}\n"
+        f" and max {BY} (max_over_time({prom(G, 'utilization_gpu_ratio')}[{w}])) <= {th.memory_idle_utilization_ratio})\n"
         f"unless on (hostname, uuid) {mapping}"
     )
     return [Twin(expr, "GPU {{ $labels.gpu }} of {{ $labels.hostname }} has held {{ $value | humanize1024 }}B for " + w
@@ -634,8 +637,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "GpuMemoryHeldIdle", "warning", "gpu",
         "A GPU holds memory while its SMs have been idle for a long time.",
-        "{held} held for the last {window} while SM activity never rose above {sm}{vllm}.",
-        (f"{G}.memory_used_bytes", f"{G}.sm_active_ratio", "vllm_gpu_map"),
+        "{held} held for the last {window} while SM activity never rose above {sm} and utilization above {util}{vllm}.",
+        (f"{G}.memory_used_bytes", f"{G}.sm_active_ratio", f"{G}.utilization_gpu_ratio", "vllm_gpu_map"),
         _held_idle,
         _held_idle_twin,
         Runbook(

@@ -54,9 +54,10 @@ class Thresholds:
         stuck_pcie_ratio: … and PCIe TX+RX stays below this share of the max link (a
             host→device copy reads utilization 1 with SM 0: FACTS §1 — it is busy, not stuck).
         memory_full_ratio: ``GpuMemoryNearlyFull`` at this share of memory used.
-        memory_idle_window_seconds, memory_idle_min_bytes, memory_idle_sm_ratio: memory above
-            ``min_bytes`` held for the whole window while SM activity never exceeds the ratio
-            (``GpuMemoryHeldIdle``; GPUs of a live vLLM server are left out: its KV cache is
+        memory_idle_window_seconds, memory_idle_min_bytes, memory_idle_sm_ratio,
+            memory_idle_utilization_ratio: memory above ``min_bytes`` held for the whole window
+            while SM activity and utilization never exceed their ratios — nothing ran, not even a
+            copy (``GpuMemoryHeldIdle``; GPUs of a live vLLM server are left out: its KV cache is
             allocated by design).
         thermal_window_seconds: ``GpuThermalSlowdown`` looks at this window …
         thermal_margin_celsius: … and fires at the GPU's own slowdown threshold minus this, or
@@ -123,6 +124,7 @@ class Thresholds:
     memory_idle_window_seconds: float = 3600.0
     memory_idle_min_bytes: float = 2**30
     memory_idle_sm_ratio: float = 0.01
+    memory_idle_utilization_ratio: float = 0.05
     thermal_window_seconds: float = 120.0
     thermal_margin_celsius: float = 0.0
     power_brake_window_seconds: float = 120.0
