@@ -145,7 +145,7 @@ def _xid_twin(codes: Iterable[int], negate: bool = False) -> "callable":  # type
         # event, so a series that did not exist one window ago counts as well
         expr = f"sum {BY} ((increase({sel}[{w}]) > 0) or ({sel} unless {sel} offset {w})) > 0"
         return [Twin(expr, "XID events on GPU {{ $labels.gpu }} of {{ $labels.hostname }} in the last " + w
-                     + " ({{ $value }}); the XID codes are in the xid label of " + prom("xid_events", "xid") + ".")]
+                     + "; their codes are the xid labels of " + prom("xid_events", "xid") + ".")]
 
     return twin
 
@@ -383,13 +383,13 @@ def _held_idle_twin(th: Thresholds) -> list[Twin]:
     w = prom_duration(th.memory_idle_window_seconds)
     mapping = prom(None, "vllm_server_gpu_info")
     expr = (
-        f"(max {BY} (min_over_time({prom(G, 'memory_used_bytes')}[{w}])) >= {th.memory_idle_min_bytes:.0f}\n"
-        f" and max {BY} (max_over_time({prom(G, 'sm_active_ratio')}[{w}])) <= {th.memory_idle_sm_ratio}\n"
-        f" and max {BY} (max_over_time({prom(G, 'utilization_gpu_ratio')}[{w}])) <= {th.memory_idle_utilization_ratio})\n"
+        f"(max {BY} ({prom(G, 'memory_used_bytes')}) >= {th.memory_idle_min_bytes:.0f}\n"
+        f" and max {BY} ({prom(G, 'sm_active_ratio')}) <= {th.memory_idle_sm_ratio}\n"
+        f" and max {BY} ({prom(G, 'utilization_gpu_ratio')}) <= {th.memory_idle_utilization_ratio})\n"
         f"unless on (hostname, uuid) {mapping}"
     )
     return [Twin(expr, "GPU {{ $labels.gpu }} of {{ $labels.hostname }} has held {{ $value | humanize1024 }}B for " + w
-                 + " while its SMs stayed idle, and no vLLM server holds it.")]
+                 + " while its SMs stayed idle, and no vLLM server holds it.", for_seconds=th.memory_idle_window_seconds)]
 
 
 def _unreadable_twin(th: Thresholds) -> list[Twin]:

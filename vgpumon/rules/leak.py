@@ -293,7 +293,8 @@ def _trend_twin(metric: str, subject: str, th: Thresholds, what: str) -> list[Tw
     expr = (
         f"({c} - {a}) * {per_day:g} >= {th.leak_min_slope_bytes_per_day:g}\n"
         f"and ({c} - {bm}) > {r} * ({bm} - {a})\n"
-        f"and ({bm} - {a}) > {r} * ({c} - {bm})"
+        f"and ({bm} - {a}) > {r} * ({c} - {bm})\n"
+        f"and max {b} ({metric})"  # reporting now: a process that exited took its memory along
     )
     desc = (what + " grows by {{ $value | humanize }}B/day, sustained over the last "
             + prom_duration(3 * part) + " (three " + w + " means rising alike).")

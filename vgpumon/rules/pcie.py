@@ -63,8 +63,8 @@ def _saturated(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
 
 
 def _max_of(a: str, b: str) -> str:
-    """PromQL for the element-wise max of two vectors with the same labels."""
-    return f"(({a}) >= ({b})) or ({b})"
+    """PromQL for the element-wise max of two vectors with the same labels (either may be absent)."""
+    return f"((({a}) >= ({b})) or ({b}) or ({a}))"  # parenthesised: "or" binds last in PromQL
 
 
 def _saturated_twin(th: Thresholds) -> list[Twin]:
@@ -147,12 +147,12 @@ def _degraded_twin(th: Thresholds) -> list[Twin]:
     gmax, wmax = prom("gpus", "pcie_link_gen_max"), prom("gpus", "pcie_link_width_max")
     on = "on (hostname, gpu, uuid)"
     expr = (
-        f"(max {BY} (max_over_time({gen}[{w}])) < {on} max {BY} ({gmax})\n"
-        f" or max {BY} (max_over_time({width}[{w}])) < {on} max {BY} ({wmax}))\n"
-        f"and {on} max {BY} (min_over_time({prom(G, 'utilization_gpu_ratio')}[{w}])) >= {th.pcie_busy_utilization_ratio}"
+        f"(max {BY} ({gen}) < {on} max {BY} ({gmax})\n"
+        f" or max {BY} ({width}) < {on} max {BY} ({wmax}))\n"
+        f"and {on} max {BY} ({prom(G, 'utilization_gpu_ratio')}) >= {th.pcie_busy_utilization_ratio}"
     )
     return [Twin(expr, "GPU {{ $labels.gpu }} of {{ $labels.hostname }} ran busy for " + w
-                 + " on a PCIe link below its max generation or width.")]
+                 + " on a PCIe link below its max generation or width.", for_seconds=th.pcie_degraded_window_seconds)]
 
 
 def _slot(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:

@@ -324,19 +324,21 @@ def _fragmented_twin(th: Thresholds) -> list[Twin]:
 
 def _stuck_high_twin(th: Thresholds) -> list[Twin]:
     w = prom_duration(th.kv_window_seconds)
-    expr = (f"max {BY} (min_over_time({prom(V, 'kv_cache_usage_ratio')}[{w}])) >= {th.kv_stuck_usage_ratio}\n"
-            f"and max {BY} (max_over_time({prom(V, 'running')}[{w}])) == 0\n"
-            f"and max {BY} (max_over_time({prom(V, 'waiting')}[{w}])) == 0")
+    expr = (f"max {BY} ({prom(V, 'kv_cache_usage_ratio')}) >= {th.kv_stuck_usage_ratio}\n"
+            f"and max {BY} ({prom(V, 'running')}) == 0\n"
+            f"and max {BY} ({prom(V, 'waiting')}) == 0")
     return [Twin(expr, "KV cache of vLLM server {{ $labels.server }} on {{ $labels.hostname }} stayed at "
-                 "{{ $value | humanizePercentage }} or more for " + w + " with no request running or waiting.")]
+                 "{{ $value | humanizePercentage }} or more for " + w + " with no request running or waiting.",
+                 for_seconds=th.kv_window_seconds)]
 
 
 def _queued_twin(th: Thresholds) -> list[Twin]:
     w = prom_duration(th.kv_window_seconds)
-    expr = (f"max {BY} (min_over_time({prom(V, 'waiting')}[{w}])) >= 1\n"
-            f"and max {BY} (max_over_time({prom(V, 'kv_cache_usage_ratio')}[{w}])) < {th.queued_kv_usage_ratio}")
+    expr = (f"max {BY} ({prom(V, 'waiting')}) >= 1\n"
+            f"and max {BY} ({prom(V, 'kv_cache_usage_ratio')}) < {th.queued_kv_usage_ratio}")
     return [Twin(expr, "Requests waited on vLLM server {{ $labels.server }} ({{ $labels.hostname }}) for " + w
-                 + " while its KV cache stayed below " + f"{th.queued_kv_usage_ratio:.0%}" + " in use.")]
+                 + " while its KV cache stayed below " + f"{th.queued_kv_usage_ratio:.0%}" + " in use.",
+                 for_seconds=th.kv_window_seconds)]
 
 
 RULES: tuple[Rule, ...] = (
