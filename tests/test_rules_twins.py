@@ -93,3 +93,16 @@ def test_promtool_checks_and_passes_the_rule_files():
     tests = [str(p) for p in sorted((RULES_DIR / "tests").glob("*.test.yml"))]
     run = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def test_docs_rules_md_names_every_rule_and_every_threshold():
+    import dataclasses
+
+    from vgpumon.rules.thresholds import Thresholds
+
+    text = (ROOT / "docs" / "rules.md").read_text()
+    for rule in RULES:
+        assert f"| {rule.name} | {rule.severity} | {rule.subject} |" in text, rule.name
+    for f in dataclasses.fields(Thresholds):
+        key = "for" if f.name == "for_seconds" else f.name
+        assert f"`{key}`" in text, key

@@ -54,6 +54,35 @@ DbOption = Annotated[
 ]
 
 
+RulesConfigOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--rules-config",
+        envvar="VGPUMON_RULES_CONFIG",
+        help="TOML file whose rules table overrides rule thresholds (keys: docs/rules.md).",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+
+
+def _thresholds(path: Optional[Path]) -> "object":
+    """The rules' thresholds: defaults, or the ``[rules]`` section of a TOML file."""
+    from vgpumon.rules.thresholds import Thresholds
+
+    if path is None:
+        return Thresholds()
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise typer.BadParameter("--rules-config needs Python 3.11 or newer (tomllib)") from None
+    try:
+        section = tomllib.loads(path.read_text()).get("rules", {})
+        return Thresholds.from_mapping(section)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}") from None
+
+
 RawRetentionOption = Annotated[
     str, typer.Option("--raw-retention", envvar="VGPUMON_RAW_RETENTION", help="How long raw per-tick rows are kept (72h, 3d).")
 ]
@@ -140,6 +169,16 @@ def agent(
     buffer_max_rows: Annotated[int, typer.Option(min=1, help="Rows held in memory when the spool cannot be written; above it the oldest are folded into 1-minute rollups.")] = 8 * 3600,
     raw_retention: RawRetentionOption = "72h",
     rollup_retention: RollupRetentionOption = "90d",
+    no_rules: Annotated[bool, typer.Option("--no-rules", help="Do not evaluate the rules (no alerts).")] = False,
+    rules_config: RulesConfigOption = None,
+    alert_webhook: Annotated[
+        Optional[list[str]],
+        typer.Option("--alert-webhook", envvar="VGPUMON_ALERT_WEBHOOKS", help="POST firing and resolved alerts as JSON to this URL (repeatable)."),
+    ] = None,
+    alertmanager: Annotated[
+        Optional[list[str]],
+        typer.Option("--alertmanager", envvar="VGPUMON_ALERTMANAGERS", help="Send alerts to this Alertmanager (base URL; API v2; repeatable)."),
+    ] = None,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -178,6 +217,17 @@ def agent(
         # a replay reads a recorded host: only configured servers, no discovery on this one
         vllm = VllmSource(static_urls=vllm_url or (), processes=NoProcesses() if replay else None, interval=vllm_interval)
     backlog = Backlog(spool or default_spool_dir(url), max_spool_bytes=spool_max_mb << 20, max_memory_rows=buffer_max_rows)
+    rules = None
+    if not no_rules:
+        import time
+
+        from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
+        from vgpumon.rules.engine import Engine
+        from vgpumon.rules.runner import RuleRunner
+
+        sinks = [LogSink(), *(WebhookSink(u) for u in alert_webhook or ()), *(AlertmanagerSink(u) for u in alertmanager or ())]
+        # a replay is judged in the capture's time, not against today's clock
+        rules = RuleRunner(Engine(_thresholds(rules_config)), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
     runner = Agent(
         source,
         store,
@@ -191,6 +241,7 @@ def agent(
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=raw_s, rollup_retention_s=rollup_s),
+        rules=rules,
     )
     try:
         stats = asyncio.run(_run_until_signal(runner))
@@ -424,6 +475,7 @@ def diagnose(
         Optional[str],
         typer.Option(help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. Default: report on whatever is stored."),
     ] = None,
+    rules_config: RulesConfigOption = None,
 ) -> None:
     """Report per GPU what the store shows for a recent window, for the on-call engineer.
 
@@ -437,11 +489,12 @@ def diagnose(
 
     seconds = _parse_duration(window)
     max_age_s = _parse_duration(max_age) if max_age else None
+    thresholds = _thresholds(rules_config)
     url = db or default_db_url()
     try:
         store = Store(url, create=False)
         try:
-            report = build_report(store, host, window_seconds=seconds, max_age_seconds=max_age_s)
+            report = build_report(store, host, window_seconds=seconds, max_age_seconds=max_age_s, thresholds=thresholds)
         finally:
             store.close()
     except StoreUnavailableError as exc:
