@@ -84,24 +84,25 @@ def _latched(column: str, absent: str, fires: "callable") -> "callable":  # type
     return check
 
 
-def _ecc_twin(th: Thresholds) -> list[Twin]:
-    return [Twin(f"max {BY} ({prom(G, 'ecc_uncorrected_volatile_total')}) > 0",
-                 "{{ $value }} volatile uncorrectable ECC errors on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: drain and reset it.")]
+def _latched_twin(column: str, condition: str, description: str) -> "callable":  # type: ignore[valid-type]
+    """The twin of a ``_latched`` check: the newest value of ``column`` meets ``condition``."""
+
+    def twin(th: Thresholds) -> list[Twin]:
+        return [Twin(f"max {BY} ({prom(G, column)}) {condition}", description)]
+
+    return twin
 
 
-def _remap_failure_twin(th: Thresholds) -> list[Twin]:
-    return [Twin(f"max {BY} ({prom(G, 'remapped_rows_failure')}) == 1",
-                 "Row remapping failed on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: the GPU needs replacing.")]
-
-
-def _remap_pending_twin(th: Thresholds) -> list[Twin]:
-    return [Twin(f"max {BY} ({prom(G, 'remapped_rows_pending')}) == 1",
-                 "A row remap waits for a reset on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: drain it and reset.")]
-
-
-def _remapped_high_twin(th: Thresholds) -> list[Twin]:
-    return [Twin(f"max {BY} ({prom(G, 'remapped_rows_uncorrectable_total')}) >= 512",
-                 "{{ $value }} rows remapped after uncorrectable errors on GPU {{ $labels.gpu }} of {{ $labels.hostname }} (≥ 512).")]
+_ecc_twin = _latched_twin(
+    "ecc_uncorrected_volatile_total", "> 0",
+    "{{ $value }} volatile uncorrectable ECC errors on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: drain and reset it.")
+_remap_failure_twin = _latched_twin(
+    "remapped_rows_failure", "== 1", "Row remapping failed on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: the GPU needs replacing.")
+_remap_pending_twin = _latched_twin(
+    "remapped_rows_pending", "== 1", "A row remap waits for a reset on GPU {{ $labels.gpu }} of {{ $labels.hostname }}: drain it and reset.")
+_remapped_high_twin = _latched_twin(
+    "remapped_rows_uncorrectable_total", ">= 512",
+    "{{ $value }} rows remapped after uncorrectable errors on GPU {{ $labels.gpu }} of {{ $labels.hostname }} (≥ 512).")
 
 
 # -- XIDs -------------------------------------------------------------------------------------------

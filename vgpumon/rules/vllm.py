@@ -187,6 +187,16 @@ def _alive_polls(view: HostView, inst: dict[str, Any], window: float) -> list[di
     return [r for r in view.vllm_samples(inst["id"], window) if r["state"] in ALIVE]
 
 
+def _gauges(view: HostView, inst: dict[str, Any], window: float, *names: str) -> tuple[list[dict[str, Any]], list[list[Any]] | None]:
+    """The start's live polls over the window and, per gauge, its known values — ``None`` when a
+    gauge has none or the polls do not cover the window (the rule then says unknown)."""
+    polls = _alive_polls(view, inst, window)
+    values = [[r[n] for r in polls if r[n] is not None] for n in names]
+    if not polls or not all(values) or polls[0]["ts"] > view.at - 0.9 * window:
+        return polls, None
+    return polls, values
+
+
 def _fragmented(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     window = th.kv_window_seconds
     for inst in current_starts(view, window):
@@ -227,12 +237,12 @@ def _stuck_high(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]
     window = th.kv_window_seconds
     for inst in current_starts(view, window):
         labels = _labels(view, inst)
-        polls = _alive_polls(view, inst, window)
-        usage = [r["kv_cache_usage_ratio"] for r in polls if r["kv_cache_usage_ratio"] is not None]
-        work = [(r["running"] or 0) + (r["waiting"] or 0) for r in polls if r["running"] is not None or r["waiting"] is not None]
-        if not usage or not work or polls[0]["ts"] > view.at - 0.9 * window:
+        polls, values = _gauges(view, inst, window, "kv_cache_usage_ratio", "running")
+        if values is None:
             yield Finding(rule.name, labels, "unknown", reason=f"KV usage or request gauges not reported over the last {duration(window)}")
             continue
+        usage = values[0]
+        work = [(r["running"] or 0) + (r["waiting"] or 0) for r in polls]
         on = min(usage) >= th.kv_stuck_usage_ratio and max(work) == 0 and len(usage) == len(polls)
         yield Finding(rule.name, labels, "firing" if on else "ok", min(usage),
                       {"server": inst["url"], "usage": pct(min(usage)), "window": duration(window)})
@@ -242,12 +252,11 @@ def _queued_underused(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Fi
     window = th.kv_window_seconds
     for inst in current_starts(view, window):
         labels = _labels(view, inst)
-        polls = _alive_polls(view, inst, window)
-        waiting = [r["waiting"] for r in polls if r["waiting"] is not None]
-        usage = [r["kv_cache_usage_ratio"] for r in polls if r["kv_cache_usage_ratio"] is not None]
-        if not waiting or not usage or polls[0]["ts"] > view.at - 0.9 * window:
+        polls, values = _gauges(view, inst, window, "waiting", "kv_cache_usage_ratio")
+        if values is None:
             yield Finding(rule.name, labels, "unknown", reason=f"waiting requests or KV usage not reported over the last {duration(window)}")
             continue
+        waiting, usage = values
         running = [r["running"] for r in polls if r["running"] is not None]
         on = min(waiting) >= 1 and max(usage) < th.queued_kv_usage_ratio and len(waiting) == len(polls)
         yield Finding(rule.name, labels, "firing" if on else "ok", min(waiting),

@@ -39,6 +39,16 @@ def _identity_filter(host_id: int, ident: InstanceIdentity) -> Any:
     return and_(*conds)
 
 
+def _of_start(c: Any, instance_id: int, start: float | None, end: float | None) -> Any:
+    """Rows of one start, within ``start <= ts <= end`` where given."""
+    where = [c.instance_id == instance_id]
+    if start is not None:
+        where.append(c.ts >= start)
+    if end is not None:
+        where.append(c.ts <= end)
+    return and_(*where)
+
+
 class VllmRepository:
     """The vLLM tables of a store.
 
@@ -175,14 +185,9 @@ class VllmRepository:
         """Sample rows of one start, oldest first (``state`` as ``ServerState``); only those with
         ``start <= ts <= end`` when given (a start can poll for weeks)."""
         c = _SAMPLES.c
-        where = [c.instance_id == instance_id]
-        if start is not None:
-            where.append(c.ts >= start)
-        if end is not None:
-            where.append(c.ts <= end)
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(select(_SAMPLES).where(and_(*where)).order_by(c.ts)).mappings().all()
+                rows = conn.execute(select(_SAMPLES).where(_of_start(c, instance_id, start, end)).order_by(c.ts)).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         out = []
@@ -197,14 +202,11 @@ class VllmRepository:
         """Per-engine rows of one start, by time then model and engine; only ``start <= ts <=
         end`` when given."""
         c = _ENGINES.c
-        where = [c.instance_id == instance_id]
-        if start is not None:
-            where.append(c.ts >= start)
-        if end is not None:
-            where.append(c.ts <= end)
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(select(_ENGINES).where(and_(*where)).order_by(c.ts, c.model_name, c.engine)).mappings().all()
+                rows = conn.execute(
+                    select(_ENGINES).where(_of_start(c, instance_id, start, end)).order_by(c.ts, c.model_name, c.engine)
+                ).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return [dict(r) for r in rows]
