@@ -5,11 +5,9 @@ and a real Alertmanager (Debian's prometheus-alertmanager) receives firing and r
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import time
-from pathlib import Path
 from typing import Sequence
 
 import aiohttp

@@ -15,7 +15,16 @@ from typing import Callable
 
 import pytest
 from conftest import H200_CAPTURE
-from rules_support import PCIE_GPM, at_end, copy_phase, firing, idle_full, replay, stored_alerts, with_slowdown_threshold
+from rules_support import (
+    PCIE_GPM,
+    at_end,
+    copy_phase,
+    firing,
+    idle_full,
+    replay,
+    stored_alerts,
+    with_slowdown_threshold,
+)
 
 from vgpumon.sources.nvml_backend import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST
 from vgpumon.testing import scenarios

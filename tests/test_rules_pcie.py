@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from conftest import DATA
 from rules_support import PCIE_GPM, at_end, copy_phase, firing, replay, stored_alerts
 

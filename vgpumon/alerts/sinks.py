@@ -50,8 +50,8 @@ class Sink:
 
 
 class LogSink(Sink):
-    """One log line per firing or resolved alert: ``vgpumon.alerts`` logger, ERROR for critical,
-    WARNING for warning, INFO for info and for resolutions."""
+    """One log line per firing or resolved alert: ``vgpumon.alerts`` logger at the alert's level
+    (ERROR critical, WARNING warning, INFO info), so that a resolution shows where its alert did."""
 
     name = "log"
 
@@ -60,8 +60,7 @@ class LogSink(Sink):
 
     async def send(self, session: aiohttp.ClientSession, alerts: Sequence[Alert], now: float) -> None:
         for a in alerts:
-            level = logging.INFO if a.state == "resolved" or a.severity == "info" else (
-                logging.ERROR if a.severity == "critical" else logging.WARNING)
+            level = {"critical": logging.ERROR, "warning": logging.WARNING}.get(a.severity, logging.INFO)
             labels = " ".join(f"{k}={v}" for k, v in a.labels.items())
             self.log.log(level, "%s %s [%s] %s: %s (%s)", a.state.upper(), a.name, a.severity, labels, a.description, a.runbook_url)
 

@@ -113,7 +113,7 @@ def fit(points: Sequence[tuple[float, float]], at: float) -> Trend | None:
     m = len(slopes)
     lo = slopes[max(0, min(m - 1, int((m - c) / 2)))]
     hi = slopes[max(0, min(m - 1, int(math.ceil((m + c) / 2))))]
-    level = median(y - slope * x for x, y in zip(xs, ys))  # x is relative to ``at``: level at ``at``
+    level = median(y - slope * x for x, y in zip(xs, ys, strict=True))  # x is relative to ``at``: level at ``at``
     return Trend(slope, lo, hi, _normal_cdf(z), level, start, (s1, s2), n)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom, prom_duration
+from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 
