@@ -148,3 +148,26 @@ def test_short_window_still_shows_the_ecc_counts(tmp_path):
     assert run("agent", "--replay", str(H200_CAPTURE), "--db", url).returncode == 0
     out = run("diagnose", "localhost", "--db", url, "--window", "3s")
     assert "uncorrected volatile 0" in out.stdout and "N/A (ECC" not in out.stdout
+
+
+def test_agent_alerts_and_diagnose_reports_the_rules_with_overridable_thresholds(tmp_path):
+    """What an operator sees: the recorded H2D copy phase, 10 minutes of it, replayed by the agent:
+    it logs the alert as it fires; diagnose exits 1 (WARNING) naming it; a [rules] file that
+    raises the saturation share to 99 % makes the same window OK; a mistyped key is a usage error."""
+    from rules_support import copy_phase
+
+    cap = tmp_path / "copy.jsonl.gz"
+    scenarios.write(cap, *copy_phase(minutes=10))
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    agent = run("agent", "--replay", str(cap), "--db", url, "--hostname", "h")
+    assert agent.returncode == 0, agent.stderr
+    assert "FIRING GpuPcieSaturated [warning] hostname=h gpu=0" in agent.stderr
+    out = run("diagnose", "h", "--db", url, "--window", "10m")
+    assert out.returncode == 1, out.stdout
+    assert "[WARNING] p95 over 10 min: TX" in out.stdout and "of the Gen5 x16 max link" in out.stdout
+    relaxed = tmp_path / "config.toml"
+    relaxed.write_text("[rules.thresholds]\npcie_saturation_ratio = 0.99\n")
+    assert run("--config", str(relaxed), "diagnose", "h", "--db", url, "--window", "10m").returncode == 0
+    relaxed.write_text("[rules.thresholds]\npcie_saturation = 0.99\n")
+    bad = run("--config", str(relaxed), "diagnose", "h", "--db", url)
+    assert bad.returncode == 65 and "pcie_saturation: unknown threshold" in bad.stderr, bad.stderr

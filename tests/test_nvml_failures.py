@@ -7,6 +7,7 @@ the agent or store a number that is not a reading.
 from __future__ import annotations
 
 from conftest import DATA, H200_CAPTURE, read_all, replay_into
+from rules_support import with_slowdown_threshold
 
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import (
@@ -174,7 +175,7 @@ def test_diagnose_turns_xid_79_into_critical(tmp_path):
     subprocess.run(vg + ["agent", "--replay", str(cap), "--db", url], check=True, capture_output=True)
     out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "[CRITICAL] XID 79 × 1 in the window" in out.stdout
+    assert "[CRITICAL] XID 79 × 1 (GPU has fallen off the bus) in the last 10 min." in out.stdout
 
 
 def _field_values(ret: int, value: int) -> dict:
@@ -213,3 +214,18 @@ def test_hbm_temperature_recorded_on_the_h200_replays_as_nvidia_smi_read_it(tmp_
     assert len(rows) == agent.stats.ticks == 13
     assert {r["memory_temperature_celsius"] for r in rows} == {38.0}
     assert {r["temperature_celsius"] for r in rows} == {34.0}
+
+
+def test_slowdown_temperature_is_read_once_at_start_and_stored(tmp_path, db_url, store_of):
+    """The GPU's own slowdown threshold is a static fact: read at start (init block), stored on
+    the GPU's row; a board that does not report it has None with the reason, not 0 °C."""
+    src = NvmlSource(scenarios.backend(*with_slowdown_threshold(*read_capture(H200_CAPTURE))))
+    (gpu,) = src.start()
+    assert gpu.slowdown_temperature_celsius == 89.0
+    replay_into(db_url, scenarios.backend(*with_slowdown_threshold(*read_capture(H200_CAPTURE))), hostname="h")
+    (stored,) = store_of(db_url).gpus_of("h")
+    assert stored.identity.slowdown_temperature_celsius == 89.0
+
+    header, ticks = with_slowdown_threshold(*read_capture(H200_CAPTURE), {"e": NVML_ERROR_NOT_SUPPORTED})
+    (gpu,) = NvmlSource(scenarios.backend(header, ticks)).start()
+    assert gpu.slowdown_temperature_celsius is None

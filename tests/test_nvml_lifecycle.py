@@ -135,8 +135,9 @@ def test_a_gpu_that_appears_later_is_sampled_and_one_that_goes_is_an_event(tmp_p
         ("gpu_disappeared", f"gpu:{_uuid(2)}"),
     ]
     report = build_report(store, "h200-replay", window_seconds=3600)
-    assert report["status"] == "warning"
-    assert sum("disappeared" in f["message"] for f in report["findings"]) == 2
+    assert report["status"] == "critical"  # GpuMissing, at once: the source saw them go
+    messages = [f["message"] for g in report["gpus"] for f in g["findings"] if f["severity"] == "critical"]
+    assert sum("recorded it disappearing" in m and "1 of the host's 3 registered GPUs report now" in m for m in messages) == 2
 
 
 # -- item 4: semantics never mix -----------------------------------------------------------------

@@ -46,6 +46,7 @@ from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
 from vgpumon.workers import DaemonExecutor
 
 if TYPE_CHECKING:
+    from vgpumon.rules.runner import RuleRunner
     from vgpumon.sources.kubernetes import KubernetesSource
     from vgpumon.sources.vllm import ServerSample, VllmSource
     from vgpumon.store.retention import Retention
@@ -145,6 +146,8 @@ class Agent:
             (``Snapshot.kubernetes``) and the source's status in ``sources``. ``None``: off.
         call_deadline: seconds a device's read may take before the device counts as wedged
             (default: half the interval, 0.25–5 s; a normal read takes under a millisecond).
+        rules: evaluates the rule catalogue over the store on its own thread and sends alerts to
+            its sinks (``vgpumon.rules.runner``); ``None`` evaluates none. Needs a store.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class Agent:
         vllm_stop_timeout: float = 10.0,
         kubernetes: "KubernetesSource | None" = None,
         call_deadline: float | None = None,
+        rules: "RuleRunner | None" = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -216,6 +220,7 @@ class Agent:
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+        self.rules = rules if store is not None else None
         self.kubernetes = kubernetes
         self._last_host: HostSample | None = None
 
@@ -597,6 +602,9 @@ class Agent:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             if self.kubernetes is not None:
                 k8s_task = asyncio.get_running_loop().create_task(self.kubernetes.run(k8s_stop))
+            if self.rules is not None:  # rules (issue 11): evaluated off the sampling path
+                assert self.store is not None
+                await self.rules.start(self.store, self.hostname, self._store_exec)
             start = self.monotonic()
             first_ts: float | None = None
             first_mono = start  # when the first tick was read: --duration and recorded pace
@@ -645,6 +653,8 @@ class Agent:
                     if self.monotonic() - last_flush >= self.flush_every:
                         self._flush()
                         last_flush = self.monotonic()
+                if self.rules is not None:
+                    self.rules.poke(ts)  # never blocks: starts an evaluation cycle when one is due
                 if self.on_tick is not None:
                     self.on_tick(snap)
                 if self.paced and not self.recorded_pace:
@@ -660,6 +670,8 @@ class Agent:
                 await k8s_task
                 self.kubernetes.close()  # type: ignore[union-attr]
             await self._drain()
+            if self.rules is not None:
+                await self.rules.finish()  # a last evaluation over every row written, sinks flushed
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows
             self.stats.rows_folded = self.backlog.folded_rows

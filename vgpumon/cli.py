@@ -290,6 +290,15 @@ def agent(
             help="The kubelet's pod-resources socket, for pod/namespace/container labels (default /var/lib/kubelet/pod-resources/kubelet.sock; off to skip; a replay asks none unless given; setting exporter.kubelet_socket).",
         ),
     ] = None,
+    no_rules: Annotated[bool, typer.Option("--no-rules", help="Do not evaluate the rules (no alerts; setting rules.enabled).")] = False,
+    alert_webhook: Annotated[
+        Optional[list[str]],
+        typer.Option("--alert-webhook", help="POST firing and resolved alerts as JSON to this URL (repeatable; VGPUMON_ALERT_WEBHOOKS, setting rules.webhooks)."),
+    ] = None,
+    alertmanager: Annotated[
+        Optional[list[str]],
+        typer.Option("--alertmanager", help="Send alerts to this Alertmanager (base URL; API v2; repeatable; VGPUMON_ALERTMANAGERS, setting rules.alertmanagers)."),
+    ] = None,
 ) -> None:
     """Sample every NVIDIA GPU each interval and store one row per GPU per tick.
 
@@ -323,6 +332,9 @@ def agent(
             ("exporter", "listen"): ("--listen", listen),
             ("exporter", "metrics_file"): ("--metrics-file", metrics_file),
             ("exporter", "kubelet_socket"): ("--kubelet-socket", kubelet_socket),
+            ("rules", "enabled"): ("--no-rules", False if no_rules else None),
+            ("rules", "webhooks"): ("--alert-webhook", alert_webhook or None),
+            ("rules", "alertmanagers"): ("--alertmanager", alertmanager or None),
         },
     )
     from vgpumon.agent import Agent
@@ -358,6 +370,19 @@ def agent(
         from vgpumon.sources.kubernetes import DEFAULT_SOCKET, KubernetesSource, PodResourcesClient
 
         kubernetes = KubernetesSource(PodResourcesClient(kubelet_socket or DEFAULT_SOCKET))
+    rules = None
+    if settings.rules.enabled:
+        from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
+        from vgpumon.rules.engine import Engine
+        from vgpumon.rules.runner import RuleRunner
+        from vgpumon.rules.thresholds import Thresholds
+
+        r = settings.rules
+        sinks = [LogSink(), *(WebhookSink(u) for u in r.webhooks), *(AlertmanagerSink(u) for u in r.alertmanagers)]
+        # a replay is judged in the capture's time, not against today's clock
+        import time
+
+        rules = RuleRunner(Engine(Thresholds.from_mapping(r.thresholds)), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
     runner = Agent(
         source,
         store,
@@ -374,6 +399,7 @@ def agent(
         retention=Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention),
         kubernetes=kubernetes,
         call_deadline=a.call_deadline,
+        rules=rules,
     )
     try:
         stats = asyncio.run(_run_until_signal(runner, exporter))
@@ -561,6 +587,54 @@ def dashboards_build(
         raise typer.Exit(ExitCode.UNAVAILABLE) from None
 
 
+rules_app = typer.Typer(
+    name="rules",
+    help="The rule catalogue: list it, generate its Prometheus twins and runbooks.",
+    no_args_is_help=True,
+)
+app.add_typer(rules_app)
+
+
+@rules_app.command("build")
+def rules_build(
+    out: Annotated[Path, typer.Option(help="Directory of the Prometheus rule files.", file_okay=False)] = Path("rules"),
+    runbooks: Annotated[Path, typer.Option(help="Directory of the runbooks.", file_okay=False)] = Path("docs/runbooks"),
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 when a file differs from what would be written.")] = False,
+) -> None:
+    """Generate rules/*.rules.yml (the Prometheus twins) and docs/runbooks/*.md from the rule
+    catalogue, with the default thresholds. Run from the repository root; commit the result."""
+    from vgpumon.rules import docs, prometheus
+
+    wanted = {out / name: text for name, text in prometheus.render().items()}
+    wanted |= {runbooks / name: text for name, text in docs.render().items()}
+    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
+    if check:
+        for p in stale:
+            typer.echo(f"out of date: {p}", err=True)
+        raise typer.Exit(ExitCode.WARNING if stale else ExitCode.OK)
+    for p in stale:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(wanted[p])
+    typer.echo(f"{len(wanted)} files, {len(stale)} written")
+
+
+@rules_app.command("list")
+def rules_list(as_json: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON.")] = False) -> None:
+    """Every rule: name, severity, subject, for, summary."""
+    from vgpumon.rules.catalogue import RULES
+
+    rows = [
+        {"name": r.name, "severity": r.severity, "subject": r.subject, "for_seconds": r.for_seconds,
+         "keep_firing_seconds": r.keep_firing_seconds, "summary": r.summary}
+        for r in RULES
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        typer.echo(f"{r['name']:<28} {r['severity']:<9} {r['subject']:<12} {r['summary']}")
+
+
 @app.command()
 def record(
     ctx: typer.Context,
@@ -654,11 +728,16 @@ def diagnose(
     url = settings.store.url
     assert url is not None
     local = settings.agent.hostname
+    from vgpumon.rules.thresholds import Thresholds
+
+    thresholds = Thresholds.from_mapping(settings.rules.thresholds)
 
     def report() -> dict[str, Any]:
         store = Store(url, read_only=True, **_store_kwargs(settings, cap_s=d.timeout))
         try:
-            rep = build_report(store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local)
+            rep = build_report(
+                store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local, thresholds=thresholds
+            )
             if store.access_note:
                 rep["store_note"] = store.access_note
             return rep
@@ -698,6 +777,8 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table ([rules] thresholds)
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
 

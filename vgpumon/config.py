@@ -5,7 +5,7 @@ Precedence, highest first: a command-line flag, then the environment, then the c
 the default. Every value is validated once, here, whatever its origin; an invalid one is reported
 in one line that names where it came from (``--window``, ``VGPUMON_STORE__URL``,
 ``config.toml: [diagnose] window``). Sections (``[store]``, ``[agent]``, ``[vllm]``,
-``[diagnose]``, ``[exporter]``) are pydantic models: a new feature adds its own section as one more field of
+``[diagnose]``, ``[exporter]``, ``[rules]``) are pydantic models: a new feature adds its own section as one more field of
 ``Settings``.
 
 Environment variables: ``VGPUMON_<SECTION>__<KEY>`` for every setting (``VGPUMON_STORE__URL``,
@@ -61,6 +61,8 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
     "VGPUMON_LISTEN": ("exporter", "listen"),
     "VGPUMON_METRICS_FILE": ("exporter", "metrics_file"),
     "VGPUMON_KUBELET_SOCKET": ("exporter", "kubelet_socket"),
+    "VGPUMON_ALERT_WEBHOOKS": ("rules", "webhooks"),
+    "VGPUMON_ALERTMANAGERS": ("rules", "alertmanagers"),
     "VGPUMON_VLLM_URLS": ("vllm", "urls"),
 }
 
@@ -314,6 +316,30 @@ class ExporterSettings(_Section):
     )
 
 
+def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
+    from vgpumon.rules.thresholds import Thresholds
+
+    Thresholds.from_mapping(v)  # unknown keys, wrong types and unknown rule names refused here
+    return v
+
+
+class RulesSettings(_Section):
+    """``[rules]``: the rule engine in the agent and in ``diagnose``, and where alerts go
+    (docs/rules.md). ``[rules.thresholds]`` overrides thresholds, ``for`` durations per rule and
+    disables rules by name."""
+
+    enabled: bool = Field(True, description="evaluate the rules in the agent (--no-rules sets false)")
+    webhooks: Annotated[list[str], NoDecode, BeforeValidator(_split_words)] = Field(
+        default_factory=list, description="POST firing and resolved alerts as JSON to these URLs"
+    )
+    alertmanagers: Annotated[list[str], NoDecode, BeforeValidator(_split_words)] = Field(
+        default_factory=list, description="send alerts to these Alertmanagers (base URL; API v2)"
+    )
+    thresholds: Annotated[dict[str, Any], AfterValidator(_check_thresholds)] = Field(
+        default_factory=dict, description="threshold overrides (keys in docs/rules.md), 'for' per rule, 'disabled' rules"
+    )
+
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("vgpumon_config_file", default={})
@@ -360,6 +386,7 @@ class Settings(BaseSettings):
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     diagnose: DiagnoseSettings = Field(default_factory=DiagnoseSettings)
     exporter: ExporterSettings = Field(default_factory=ExporterSettings)
+    rules: RulesSettings = Field(default_factory=RulesSettings)
 
     @classmethod
     def settings_customise_sources(

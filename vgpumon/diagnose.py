@@ -3,6 +3,12 @@
 The window ends at the newest stored sample of the host (not at "now"), so a report on a replayed
 capture or on a host whose agent died an hour ago still describes the last data there is; the age
 of that sample is part of the report.
+
+Findings come from the rule engine (``vgpumon.rules``): the same rules the agent evaluates, at the
+end of the window, through the same alert lifecycle (``Engine.evaluate_window``). The exit status
+is the worst severity among the firing alerts (a pending alert is information), UNKNOWN when the
+host has no data; a rule whose inputs are absent is listed as unknown with its reason, never as
+healthy.
 """
 
 from __future__ import annotations
@@ -24,15 +30,10 @@ WINDOW_COLUMNS = tuple(f.name for f in _REPORTED if "window" in f.diagnose)
 LAST_COLUMNS = tuple(f.name for f in _REPORTED if {"last", "cumulative"} & set(f.diagnose))
 CUMULATIVE = frozenset(f.name for f in _REPORTED if "cumulative" in f.diagnose)
 
-#: XID → severity, as NVIDIA's DCGM health watches classify them (FACTS §4); others are listed
-#: as "info" (many XIDs, e.g. 13 or 31, are raised by application faults, not by the GPU).
-XID_SEVERITY = {48: "critical", 74: "critical", 79: "critical", 95: "critical", 119: "critical", 120: "critical",
-                140: "critical", 64: "critical", 94: "warning", 31: "warning", 32: "warning", 43: "warning", 63: "warning"}
-#: PCIe replays per minute above which DCGM warns: ceil(1e-12 × lane rate × 60 × lanes), x16.
-REPLAY_BUDGET_PER_MINUTE = {3: 8, 4: 16, 5: 31}
-
 SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
 _RANK = {"info": -1, "ok": 0, "warning": 1, "critical": 2, "unknown": 3}
+#: Subjects whose alerts belong to one GPU's block of the report.
+_GPU_SUBJECTS = ("gpu", "gpu_process")
 
 
 def _iso(ts: float | None) -> str | None:
@@ -152,48 +153,16 @@ def _gpu_report(
 
     findings: list[dict[str, str]] = []
     up = agg["up_samples"] or 0
-    if n and up < n:
-        findings.append({"severity": "warning", "message": f"GPU unreadable for {n - up} of {n} ticks"})
-    if (ecc["uncorrected_volatile"] or 0) > 0:
-        findings.append(
-            {
-                "severity": "critical",
-                "message": f"{ecc['uncorrected_volatile']} volatile uncorrectable ECC errors: drain and reset the GPU",
-            }
-        )
-    if g.pcie_link_gen_gpu_max and g.pcie_link_gen_max and g.pcie_link_gen_max < g.pcie_link_gen_gpu_max:
-        findings.append(
-            {
-                "severity": "warning",
-                "message": f"card supports PCIe Gen{g.pcie_link_gen_gpu_max} but the slot allows Gen{g.pcie_link_gen_max}",
-            }
-        )
-    if lv("remapped_rows_failure"):
-        findings.append({"severity": "critical", "message": "row remapping failed: replace the GPU"})
-    elif lv("remapped_rows_pending"):
-        findings.append({"severity": "warning", "message": "row remap pending: reset the GPU when drained"})
-    if (lv("remapped_rows_uncorrectable_total") or 0) >= 512:
-        findings.append({"severity": "warning", "message": f"{lv('remapped_rows_uncorrectable_total')} uncorrectable remapped rows (≥ 512)"})
     replays = store.series(gpu.id, start, end, ("pcie_replay_total",))
     replays = [(r["ts"], r["pcie_replay_total"]) for r in replays if r["pcie_replay_total"] is not None]
     replay_rate = None
     if len(replays) >= 2 and replays[-1][1] >= replays[0][1] and replays[-1][0] > replays[0][0]:
         replay_rate = (replays[-1][1] - replays[0][1]) / (replays[-1][0] - replays[0][0]) * 60
-        budget = REPLAY_BUDGET_PER_MINUTE.get(g.pcie_link_gen_max or 0)
-        if budget is not None and g.pcie_link_width_max:
-            budget = budget * g.pcie_link_width_max / 16
-            if replay_rate > budget:
-                findings.append({"severity": "warning", "message": f"PCIe replays {replay_rate:.1f}/min above the {budget:.0f}/min budget"})
     pcie["replays_per_minute"] = replay_rate
-    xids = store.xid_events(gpu.id, start, end)
     xid_counts: dict[int, int] = {}
-    for _, code in xids:
+    for _, code in store.xid_events(gpu.id, start, end):
         xid_counts[code] = xid_counts.get(code, 0) + 1
-    for code, count in sorted(xid_counts.items()):
-        findings.append({"severity": XID_SEVERITY.get(code, "info"), "message": f"XID {code} × {count} in the window"})
     mem_last, mem_total = lv("memory_used_bytes"), lv("memory_total_bytes") or g.memory_total_bytes
-    if mem_last is not None and mem_total and mem_last / mem_total >= 0.95:
-        findings.append({"severity": "warning", "message": f"memory {mem_last / mem_total:.0%} used"})
     if n == 0:
         findings.append({"severity": "unknown", "message": "no samples in the window"})
     for field, (count, reason) in sorted(rejected.items()):
@@ -238,6 +207,47 @@ def _gpu_report(
     }
 
 
+def _finding(alert: Any) -> dict[str, Any]:
+    """A report finding of a pending or firing alert (a pending alert is information)."""
+    firing = alert.state == "firing"
+    return {
+        "severity": alert.severity if firing else "info",
+        "message": alert.description if firing else f"pending: {alert.description}",
+        "alert": alert.name,
+        "state": alert.state,
+        "summary": alert.summary,
+        "labels": dict(alert.labels),
+        "runbook_url": alert.runbook_url,
+    }
+
+
+def _add_rule_findings(report: dict[str, Any], store: Store, hostname: str, end: float, thresholds: Any) -> None:
+    """Evaluate the rule catalogue at the window's end (``Engine.evaluate_window``) and put each
+    pending or firing alert under its GPU (GPU subjects) or the host; list the rules whose inputs
+    are absent as unknown, with the reason."""
+    from vgpumon.rules.catalogue import BY_NAME
+    from vgpumon.rules.engine import Engine
+
+    engine = Engine(thresholds)
+    findings, book = engine.evaluate_window(store, hostname, end)
+    by_uuid = {g["uuid"]: g for g in report["gpus"]}
+    for g in report["gpus"]:
+        g["rules_unknown"] = {}
+    report["rules_unknown"] = []
+    for f in findings:
+        if f.state != "unknown":
+            continue
+        gpu = by_uuid.get(f.labels.get("uuid", "")) if BY_NAME[f.rule].subject in _GPU_SUBJECTS else None
+        if gpu is not None:
+            gpu["rules_unknown"][f.rule] = f.reason
+        else:
+            report["rules_unknown"].append({"rule": f.rule, "labels": f.labels, "reason": f.reason})
+    report["alerts"] = [a.as_dict() for a in book.open()]
+    for a in book.open():
+        gpu = by_uuid.get(a.labels.get("uuid", "")) if BY_NAME[a.name].subject in _GPU_SUBJECTS else None
+        (gpu or report)["findings"].append(_finding(a))
+
+
 def build_report(
     store: Store,
     host: str,
@@ -246,6 +256,7 @@ def build_report(
     now: float | None = None,
     max_age_seconds: float | None = None,
     local_hostname: str | None = None,
+    thresholds: Any = None,
 ) -> dict[str, Any]:
     """Build the diagnose report of one host from the store.
 
@@ -258,12 +269,15 @@ def build_report(
             ("is the agent running?"), as monitoring plugins treat stale data; ``None`` reports
             on whatever the store holds (replays, post-mortems).
         local_hostname: the name ``localhost`` stands for (``resolve_host``).
+        thresholds: the rules' ``vgpumon.rules.Thresholds`` (defaults when ``None``).
 
     Returns:
         A JSON-able dict: ``host``, ``status`` (``ok``/``warning``/``critical``/``unknown``),
         ``window`` (start, end, seconds), ``newest_sample_age_seconds``, ``gpus`` (one dict per GPU,
-        values in base units, ``None`` where unknown with the reason under ``unknown``), and
-        ``findings``.
+        values in base units, ``None`` where unknown with the reason under ``unknown``, the
+        GPU's alerts under ``findings`` and its rules without inputs under ``rules_unknown``),
+        ``findings`` (the host's own: vLLM servers, shared PCIe ports, sources), ``alerts`` (every
+        pending or firing alert) and ``rules_unknown`` (host rules without inputs).
 
     Raises:
         StoreUnavailableError: the store cannot be read.
@@ -290,7 +304,7 @@ def build_report(
         report["findings"].append(
             {"severity": "unknown", "message": f"newest sample is {now - end:.0f} s old (> {max_age_seconds:.0f} s): is the agent running?"}
         )
-    report["findings"] += _device_set_findings(store.events(hostname, 0, end, kinds=_DEVICE_SET_EVENTS))
+    report["findings"] += _unidentified_findings(store.events(hostname, 0, end, kinds=_DEVICE_SET_EVENTS))
     topology = store.topology(hostname)
     index_of = {g.identity.uuid: g.identity.index for g in gpus}
     # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
@@ -301,6 +315,7 @@ def build_report(
         _gpu_report(store, g, start, end, aggs[g.id], topology, index_of, rejected.get(f"gpu:{g.identity.uuid}"))
         for g in gpus
     ]
+    _add_rule_findings(report, store, hostname, end, thresholds)
     worst = "ok"
     for gpu in [*report["gpus"], {"findings": report["findings"]}]:
         for f in gpu["findings"]:
@@ -310,25 +325,24 @@ def build_report(
     return report
 
 
-_DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_disappeared", "gpu_appeared")
+_DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_appeared")
 
 
-def _device_set_findings(events: list[Any]) -> list[dict[str, str]]:
-    """A GPU that NVML counts but cannot name, or that went away, and has not (re)appeared since:
-    the host has fewer GPUs than it had, whatever the remaining ones say."""
+def _unidentified_findings(events: list[Any]) -> list[dict[str, str]]:
+    """A device NVML counts but cannot name (no UUID: it has no history, so no rule sees it) and
+    that has not been named since: the host has a GPU it cannot report on. A GPU that was named
+    and went is the GpuMissing rule's."""
     open_: dict[str, Any] = {}
     for e in events:  # oldest first
         if e.kind == "gpu_appeared":
-            open_.pop(e.subject, None)
             index = e.detail.split(",", 1)[0].removeprefix("index ").strip()
             open_.pop(f"index:{index}", None)
         else:
             open_[e.subject] = e
-    out = []
-    for subject, e in open_.items():
-        what = "cannot be identified" if e.kind == "gpu_unidentified" else "disappeared"
-        out.append({"severity": "warning", "message": f"{subject} {what} since {_iso(e.ts)} ({e.detail})"})
-    return out
+    return [
+        {"severity": "warning", "message": f"{subject} cannot be identified since {_iso(e.ts)} ({e.detail})"}
+        for subject, e in open_.items()
+    ]
 
 
 def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:

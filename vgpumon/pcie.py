@@ -36,3 +36,22 @@ def link_capacity_bytes_per_second(generation: int | None, width: int | None) ->
     if rate is None:
         return None
     return rate * 1e9 * _ENCODING_EFFICIENCY[generation] * width / 8
+
+
+def replay_budget_per_minute(generation: int | None, width: int | None) -> int | None:
+    """PCIe replays per minute above which NVIDIA's DCGM health watch warns:
+    ``ceil(1e-12 × lane rate × 60 × lanes)`` (FACTS §4: x16 budgets Gen3 8, Gen4 16, Gen5 31 —
+    a bit error rate of 1e-12 at the lane rate).
+
+    Returns:
+        Replays per minute, or ``None`` when the link is unknown.
+    """
+    if generation is None or width is None or width <= 0 or generation not in _LANE_GT_PER_S:
+        return None
+    import math
+
+    return math.ceil(round(1e-12 * _LANE_GT_PER_S[generation] * 1e9 * 60 * width, 6))
+
+
+#: Transfer rate per lane (GT/s) by generation, for the rule twins' PromQL.
+LANE_GT_PER_S = dict(_LANE_GT_PER_S)

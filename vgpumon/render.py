@@ -101,6 +101,11 @@ def render_diagnose(report: dict[str, Any]) -> str:
         )
         for f in g["findings"]:
             out.append(f"  [{f['severity'].upper()}] {f['message']}")
+        for rule, reason in g.get("rules_unknown", {}).items():
+            out.append(f"  [UNKNOWN RULE] {rule}: {reason}")
+    for u in report.get("rules_unknown", []):
+        subject = ", ".join(f"{k}={v}" for k, v in u["labels"].items() if k != "hostname")
+        out.append(f"[UNKNOWN RULE] {u['rule']}{' (' + subject + ')' if subject else ''}: {u['reason']}")
     if report.get("store_note"):  # e.g. a SQLite store read as an immutable snapshot
         out += ["", f"store {report['store_note']}"]
     return "\n".join(out)

@@ -180,7 +180,7 @@ def fmt(f: Field | tuple[str | None, str], value: Any, reason: str | None = None
 _TABLE_TITLES = {
     "gpus": "GPU identity (`gpus`, read at start and after a re-initialisation)",
     "gpu_samples": "GPU samples (`gpu_samples`, one row per GPU per tick)",
-    None: "Derived in the source, not stored",
+    None: "Derived, not stored (by the source, or by the exporter at each scrape: cadence export)",
     "gpu_process_samples": "GPU processes (`gpu_process_samples`, every host sample)",
     "xid_events": "XID events (`xid_events`, one row per event)",
     "host_samples": "Host (`host_samples`, every host sample)",
@@ -226,7 +226,7 @@ def render_markdown() -> str:
         "door: stored as NULL, counted per field and recorded with its reason in `rejected_values`.",
         "Cadence: fast = every tick (default 1 s), slow = every `--slow-every` ticks (default 10),",
         "static = at start and after a re-initialisation, host = every `--host-every` ticks, poll = every",
-        "vLLM poll, start = once per server start.",
+        "vLLM poll, start = once per server start, export = derived by the exporter at each scrape.",
     ]
     for table in _TABLE_TITLES:
         rows = fields_of(table)

@@ -72,6 +72,13 @@ DERIVED: tuple[Field, ...] = (
         note="served only while a rules engine feeds the exporter",
     ),
     _derived(
+        "vllm_ready_timestamp_seconds", "derived", "seconds",
+        "When the vLLM server's current start first answered /health 200 (end of its prewarm), epoch seconds.",
+        "the state machine's ready time (vllm_instances.ready)", SECONDS_MS, cadence="poll", lo=0, hi=_EPOCH_MAX,
+        prometheus="vgpumon_vllm_ready_timestamp_seconds", label="ready since",
+        note="absent while the server is starting; the prewarm rules' twins compare it with time()",
+    ),
+    _derived(
         "server_gpu_info", "info", "text", "One series per GPU that holds a process of the vLLM server (labels gpu, uuid).",
         "vLLM server process tree ∩ NVML compute processes", text(64), cadence="poll",
         prometheus="vgpumon_vllm_server_gpu_info", label="server GPUs",

@@ -140,6 +140,14 @@ IDENTITY: tuple[Field, ...] = (
         "nvmlDeviceGetMaxClockInfo(MEM) MHz × 1e6", "static", HERTZ, lo=0, hi=10e9,
         prometheus="vgpumon_gpu_memory_clock_max_hertz", smi="clocks.max.memory", label="memory clock max",
     ),
+    Field(
+        "slowdown_temperature_celsius", "gpus", "info", "celsius",
+        "GPU temperature at which the driver starts to slow the clocks down (this GPU's own threshold).",
+        "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) °C", "static", CELSIUS, lo=-40, hi=150,
+        prometheus="vgpumon_gpu_slowdown_temperature_celsius", smi="-q: GPU Slowdown Temp",
+        dcgm="DCGM_FI_DEV_SLOWDOWN_TEMP", label="slowdown temperature",
+        note="the thermal rule's threshold: a fixed 85 °C pages daily on SKUs that run hot (FACTS §7)",
+    ),
 )
 
 SAMPLES: tuple[Field, ...] = (

@@ -96,6 +96,7 @@ _SHARE = {d: _F("exporter", f"pcie_{d}_link_share_ratio").prometheus for d in ("
 _AGE = _F("exporter", "sample_age_seconds").prometheus
 _SLOPE = _F("exporter", "memory_used_slope_bytes_per_second").prometheus
 _SERVER_GPU = _F("exporter", "server_gpu_info").prometheus
+_READY = _F("exporter", "vllm_ready_timestamp_seconds").prometheus
 _UPSTREAM_GPU = _F("exporter", "pcie_upstream_gpu_info").prometheus
 _UPSTREAM_CAPACITY = _F("exporter", "pcie_upstream_link_capacity_bytes_per_second").prometheus
 _HOLDER = _F("exporter", "kubernetes_holder_info").prometheus
@@ -460,6 +461,8 @@ class MetricsExporter(Collector):
             _add_values(fams, base, smp, _INSTANCE)
             for e in smp.engines:
                 _add_values(fams, self._engine_labels(base, e.model_name, e.engine), e, _ENGINE)
+            if smp.ready_ts is not None and (fam := fams.get(_READY)) is not None:
+                fam.add(base, smp.ready_ts)
             if (fam := fams.get(_SERVER_GPU)) is not None:
                 for uuid in smp.gpu_uuids:
                     gpu = index.get(uuid)

@@ -6,6 +6,7 @@ Units: seconds, bytes, bytes/s, ratio 0–1, celsius, watts, joules, hertz. ``No
 "not known"; the reason is kept beside the value where the source knows it.
 """
 
+from vgpumon.model.alert import Alert, fingerprint
 from vgpumon.model.gpu import (
     GpuIdentity,
     GpuSample,
@@ -28,6 +29,7 @@ from vgpumon.model.topology import PcieHop, PcieTopology
 from vgpumon.model.vllm import EngineSample, InstanceIdentity, ServerSample, ServerState
 
 __all__ = [
+    "Alert",
     "DeviceAllocations",
     "EngineSample",
     "GpuAttribution",
@@ -48,4 +50,5 @@ __all__ = [
     "Snapshot",
     "SourceStatus",
     "XidEvent",
+    "fingerprint",
 ]

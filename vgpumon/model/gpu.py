@@ -33,6 +33,9 @@ class GpuIdentity:
         gpm_supported: ``nvmlGpmQueryDeviceSupport`` (Hopper and later).
         sm_clock_max_hertz: ``nvmlDeviceGetMaxClockInfo(SM)`` MHz × 1e6 (``clocks.max.sm``).
         memory_clock_max_hertz: ``nvmlDeviceGetMaxClockInfo(MEM)`` MHz × 1e6 (``clocks.max.mem``).
+        slowdown_temperature_celsius: ``nvmlDeviceGetTemperatureThreshold(SLOWDOWN)`` °C: where this
+            GPU's driver starts to slow its clocks (nvidia-smi ``-q`` "GPU Slowdown Temp"); ``None``
+            where the board does not report it.
     """
 
     index: int
@@ -47,6 +50,7 @@ class GpuIdentity:
     gpm_supported: bool = False
     sm_clock_max_hertz: float | None = None
     memory_clock_max_hertz: float | None = None
+    slowdown_temperature_celsius: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1  # nvml.h nvmlTemperatureThresholds_t
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
@@ -499,6 +500,11 @@ class NvmlSource:
         r.put("pcie_link_gen_gpu_max", r.q("pcie_link_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration"), v)
         r.put("sm_clock_max_hertz", r.q("sm_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM), v, 1e6)
         r.put("memory_clock_max_hertz", r.q("memory_clock_max_hertz", "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_MEM), v, 1e6)
+        r.put(
+            "slowdown_temperature_celsius",
+            r.q("slowdown_temperature_celsius", "nvmlDeviceGetTemperatureThreshold", NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            v,
+        )
         for field, reason in r.missing.items():
             if catalogue.is_rejection(reason):
                 log.warning("GPU %d: %s %s", index, field, reason)

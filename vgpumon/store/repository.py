@@ -221,6 +221,7 @@ class Store:
                         gpm_supported=g.gpm_supported,
                         sm_clock_max_hertz=g.sm_clock_max_hertz,
                         memory_clock_max_hertz=g.memory_clock_max_hertz,
+                        slowdown_temperature_celsius=g.slowdown_temperature_celsius,
                         last_seen=now,
                     )
                     ins = _insert(self.dialect, t).values(host_id=host_id, uuid=g.uuid, first_seen=now, **attrs)
@@ -500,6 +501,7 @@ class Store:
                         gpm_supported=bool(g["gpm_supported"]),
                         sm_clock_max_hertz=g["sm_clock_max_hertz"],
                         memory_clock_max_hertz=g["memory_clock_max_hertz"],
+                        slowdown_temperature_celsius=g["slowdown_temperature_celsius"],
                     ),
                 )
             )
@@ -542,7 +544,12 @@ class Store:
         return dict(row)
 
     def window_aggregates_many(
-        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]
+        self,
+        gpu_ids: Sequence[int],
+        start: float,
+        end: float,
+        columns: Sequence[str],
+        aggregates: Sequence[str] = ("mean", "max"),
     ) -> dict[int, dict[str, Any]]:
         """``window_aggregates`` for many GPUs in one query (``GROUP BY gpu_id``).
 
@@ -551,16 +558,25 @@ class Store:
         an 8-GPU host. On SQLite the GPUs are split over one connection per core. Figures for
         72 h of 8 GPUs are in docs/benchmarks.md.
 
+        Args:
+            aggregates: which of ``min``, ``mean``, ``max`` and ``count`` (non-NULL values) to
+                take of every column; the rules read minima and counts too.
+
         Returns:
-            ``gpu_id`` → the dict ``window_aggregates`` returns; GPUs without rows in the window
-            get ``samples == 0`` and ``None`` aggregates.
+            ``gpu_id`` → ``{"samples": n, "up_samples": n, "<col>_<aggregate>": x, ...}`` in base
+            units (counts as integers); GPUs without rows in the window get ``samples == 0`` and
+            ``None`` aggregates.
         """
         c = _SAMPLES.c
         exprs = [c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")]
+        sql = {"min": func.min, "mean": func.avg, "max": func.max}
         for name in columns:
             col = c[name]
-            exprs.append(type_coerce(func.avg(col), col.type).label(f"{name}_mean"))
-            exprs.append(type_coerce(func.max(col), col.type).label(f"{name}_max"))
+            for agg in aggregates:
+                if agg == "count":
+                    exprs.append(func.count(col).label(f"{name}_count"))
+                else:
+                    exprs.append(type_coerce(sql[agg](col), col.type).label(f"{name}_{agg}"))
 
         def query(ids: Sequence[int]) -> list[Any]:
             with self.engine.connect() as conn:
@@ -583,7 +599,7 @@ class Store:
                 rows = query(gpu_ids)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        empty = {"samples": 0, "up_samples": None, **{f"{n}_{k}": None for n in columns for k in ("mean", "max")}}
+        empty = {"samples": 0, "up_samples": None, **{f"{n}_{k}": None for n in columns for k in aggregates}}
         out: dict[int, dict[str, Any]] = {g: dict(empty) for g in gpu_ids}
         for r in rows:
             d = dict(r)
@@ -608,6 +624,87 @@ class Store:
                 return [HostEvent(ts=r[0], kind=r[1], subject=r[2], detail=r[3]) for r in conn.execute(query)]
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
+
+    def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Per tick, the sum of columns over several GPUs (``GROUP BY ts``), oldest first: the
+        traffic a shared PCIe switch or root port carries, tick by tick (the agent stamps every
+        GPU of a tick with the tick's time).
+
+        Returns:
+            ``{"ts": seconds, "gpus": GPUs with a row at that tick, <col>: sum in base units or
+            None}`` per tick.
+        """
+        c = _SAMPLES.c
+        sums = [type_coerce(func.sum(c[n]), c[n].type).label(n) for n in columns]
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(c.ts, func.count().label("gpus"), *sums)
+                    .where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= start, c.ts <= end))
+                    .group_by(c.ts)
+                    .order_by(c.ts)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [dict(r) for r in rows]
+
+    def host_xid_events(self, hostname: str, start: float, end: float) -> list[tuple[float, int, int]]:
+        """``(ts, gpu_id, xid)`` of every XID event of a host's GPUs in a window, oldest first."""
+        t = XidEvent.__table__
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(t.c.ts, t.c.gpu_id, t.c.xid)
+                    .join(Gpu, Gpu.id == t.c.gpu_id)
+                    .join(Host, Host.id == Gpu.host_id)
+                    .where(and_(Host.hostname == hostname, t.c.ts >= start, t.c.ts <= end))
+                    .order_by(t.c.ts)
+                ).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def process_memory_series(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+        """GPU memory of each process on these GPUs over a window, oldest first: ``gpu_id``,
+        ``process_id`` (one process start: a restarted server is a new id), ``pid``,
+        ``start_time``, ``name``, ``ts`` and ``used_gpu_memory_bytes`` (``None`` where the driver
+        withheld it)."""
+        s = GpuProcessSample.__table__.c
+        p = Process.__table__.c
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(s.gpu_id, s.process_id, p.pid, p.start_time, p.name, s.ts, s.used_gpu_memory_bytes)
+                    .join(Process.__table__, p.id == s.process_id)
+                    .where(and_(s.gpu_id.in_(list(gpu_ids)), s.ts >= start, s.ts <= end))
+                    .order_by(s.ts)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [dict(r) for r in rows]
+
+    def newest_host_sample(self, hostname: str) -> float | None:
+        """Time (epoch seconds) of the host's newest ``host_samples`` row; ``None`` when it has
+        none (replays of another host's capture take none)."""
+        c = HostSample.__table__.c
+        try:
+            with self.engine.connect() as conn:
+                return conn.scalar(
+                    select(type_coerce(func.max(c.ts), c.ts.type)).join(Host, Host.id == c.host_id).where(Host.hostname == hostname)
+                )
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def gpu_events(self, hostname: str, start: float, end: float) -> list[dict[str, Any]]:
+        """Events of a host's GPUs in a window, oldest first (``host_events`` whose subject is a
+        GPU: appeared, disappeared, down, recovered, wedged, memory-API change, collector fault),
+        each as ``{"ts": seconds, "kind": str, "gpu_id": int | None, "detail": str}``; host-wide
+        events (clock steps, re-initialisations) come with ``gpu_id`` ``None``."""
+        ids = {f"gpu:{g.identity.uuid}": g.id for g in self.gpus_of(hostname)}
+        return [
+            {"ts": e.ts, "kind": e.kind, "gpu_id": ids.get(e.subject), "detail": e.detail}
+            for e in self.events(hostname, start, end)
+        ]
 
     def rejections(self, hostname: str, start: float, end: float) -> dict[str, dict[str, tuple[int, str]]]:
         """Values rejected at the door over ``start <= ts <= end`` for one host.
@@ -676,8 +773,9 @@ class Store:
         return [dict(r) for r in rows]
 
 
-    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
-        """The newest row of each GPU (one PK seek per GPU on both engines).
+    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, dict[str, Any]]:
+        """The newest row of each GPU, at or before ``until`` when given (one PK seek per GPU on
+        both engines).
 
         Returns:
             ``gpu_id`` → ``{"ts": seconds, <column>: value in base units or None}``; GPUs without
@@ -688,8 +786,9 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 for gid in gpu_ids:
+                    where = c.gpu_id == gid if until is None else and_(c.gpu_id == gid, c.ts <= until)
                     row = conn.execute(
-                        select(c.ts, *(c[n] for n in columns)).where(c.gpu_id == gid).order_by(c.ts.desc()).limit(1)
+                        select(c.ts, *(c[n] for n in columns)).where(where).order_by(c.ts.desc()).limit(1)
                     ).mappings().first()
                     if row is not None:
                         out[gid] = dict(row)

@@ -28,7 +28,9 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     SmallInteger,
@@ -105,6 +107,7 @@ def catalogue_columns(table: str) -> list[Column[Any]]:
 
 
 HERTZ = column_type(catalogue.core.HERTZ)  # the gpus table's max clocks
+CELSIUS = column_type(catalogue.core.CELSIUS)  # the gpus table's slowdown threshold
 
 
 class Base(DeclarativeBase):
@@ -155,6 +158,7 @@ class Gpu(Base):
     gpm_supported: Mapped[bool] = mapped_column(Boolean, default=False)
     sm_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
     memory_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
+    slowdown_temperature_celsius: Mapped[float | None] = mapped_column(CELSIUS)
     first_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
     last_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
@@ -295,6 +299,35 @@ class PcieLink(Base):
     link_gen_max: Mapped[int | None] = mapped_column(SmallInteger)
     link_width_max: Mapped[int | None] = mapped_column(SmallInteger)
     observed_at: Mapped[float] = mapped_column(EpochMillis)
+
+
+class AlertRow(Base):
+    """One alert episode of one rule on one subject (``vgpumon.model.Alert``): created when the
+    condition is first found (pending), updated when it fires and when it resolves. ``labels``
+    is the subject's identity as JSON; ``fingerprint`` hashes name and labels, so one condition
+    on one subject has at most one open episode (deduplication). A pending episode that never
+    fired is deleted when its condition stops. Low volume: not partitioned."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        UniqueConstraint("host_id", "fingerprint", "active_since"),
+        Index("ix_alerts_host_id_state", "host_id", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str] = mapped_column(String(40))
+    labels: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    active_since: Mapped[float] = mapped_column(EpochMillis)
+    fired_at: Mapped[float | None] = mapped_column(EpochMillis)
+    resolved_at: Mapped[float | None] = mapped_column(EpochMillis)
+    last_eval: Mapped[float] = mapped_column(EpochMillis)
+    value: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[str] = mapped_column(String(255))
+    description: Mapped[str] = mapped_column(Text)
 
 
 ACTIVITY_SOURCES = catalogue.gpu.ACTIVITY_SOURCES

@@ -96,6 +96,14 @@ def fold_rows(rows: Sequence[VllmRow], *, keep_last_minute: bool) -> tuple[list[
             kept.append(r)
         previous[key] = state
     return kept, len(ordered) - len(kept)
+def _of_start(c: Any, instance_id: int, start: float | None, end: float | None) -> Any:
+    """Rows of one start, within ``start <= ts <= end`` where given."""
+    where = [c.instance_id == instance_id]
+    if start is not None:
+        where.append(c.ts >= start)
+    if end is not None:
+        where.append(c.ts <= end)
+    return and_(*where)
 
 
 class VllmRepository:
@@ -269,16 +277,16 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Sample rows of one start, oldest first: ``state`` as ``ServerState``, ``telemetry``
-        as its name (``None`` for rows stored before revision 0007), ``latency_unreliable`` as
-        the set of histogram names whose quantiles were flagged (read latencies for alerting
-        through ``vgpumon.model.vllm.latency_for_alerts``)."""
+    def samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+        """Sample rows of one start, oldest first, only those with ``start <= ts <= end`` when
+        given (a start can poll for weeks): ``state`` as ``ServerState``, ``telemetry`` as its
+        name (``None`` for rows stored before revision 0008), ``latency_unreliable`` as the set of
+        histogram names whose quantiles were flagged (read latencies for alerting through
+        ``vgpumon.model.vllm.latency_for_alerts``)."""
+        c = _SAMPLES.c
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(_SAMPLES).where(_SAMPLES.c.instance_id == instance_id).order_by(_SAMPLES.c.ts)
-                ).mappings().all()
+                rows = conn.execute(select(_SAMPLES).where(_of_start(c, instance_id, start, end)).order_by(c.ts)).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         out = []
@@ -292,13 +300,14 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def engine_samples(self, instance_id: int) -> list[dict[str, Any]]:
-        """Per-engine rows of one start, by time then model and engine."""
+    def engine_samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+        """Per-engine rows of one start, by time then model and engine; only ``start <= ts <=
+        end`` when given."""
         c = _ENGINES.c
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    select(_ENGINES).where(c.instance_id == instance_id).order_by(c.ts, c.model_name, c.engine)
+                    select(_ENGINES).where(_of_start(c, instance_id, start, end)).order_by(c.ts, c.model_name, c.engine)
                 ).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None

@@ -23,12 +23,17 @@ of the transformations below, so every value a test sees was once answered by a 
 * ``graft(donor)`` — calls a capture never made (it was recorded before the collector learned
   them) answer as a donor capture of the same board and driver answered them, slow-set calls
   from the donor's slow ticks into the base's slow ticks; the base's own answers stay.
+* ``between(start, end)`` — only the ticks recorded in ``[start, end)`` (epoch seconds), numbered
+  from 0, the init block kept: one workload phase of a capture (the H2D copy phase), to be
+  ``repeat``-ed into a long run of that phase.
+* ``scale_gpm(metric_ids, factor)`` — the recorded GPM outputs of those metrics times ``factor``
+  (a card carrying a fraction of the recorded PCIe traffic; 0: none at all).
 
 Transformations are lazy: each returns ticks that are computed as they are read, tick by tick,
 and can be read again when their input can (a list, or another transformation's output). Long
 and wide captures (8 GPUs × 4 h from the 76-tick H200 capture) therefore cost the memory of a
 tick, not of the capture; only ``repeat`` keeps its input's ticks (one pass) in memory, so put
-it first.
+it first. ``between``, ``scale_gpm`` and ``graft`` build their ticks at once (short captures).
 """
 
 from __future__ import annotations
@@ -72,19 +77,26 @@ def load(path: str) -> tuple[dict[str, Any], Ticks]:
     return header, _Lazy(lambda: iter_capture(path)[1])
 
 
-def bus_id(index: int) -> str:
-    """The PCI bus id ``replicate_devices`` gives device ``index`` (NVML form)."""
-    return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+def bus_id(index: int, n: int = 8) -> str:
+    """The PCI bus id ``replicate_devices`` gives device ``index`` of ``n`` (NVML form)."""
+    return f"00000000:{bus_number(index, n):02X}:00.0"
 
 
-def _relabel(fn: str, value: Any, index: int) -> Any:
+def bus_number(index: int, n: int) -> int:
+    """PCI bus of replicated device ``index`` of ``n``: 0x18, 0x28, …; beyond 15 devices 0x1c,
+    0x24, … (0x08 apart, so that 16 fit the 8-bit bus number; never ending in 0 or 1, the buses
+    ``vgpumon.testing.sysfs.switch_tree`` gives its switch ports)."""
+    return 0x18 + index * 0x10 if n <= 15 else 0x1C + index * 0x08
+
+
+def _relabel(fn: str, value: Any, index: int, n: int) -> Any:
     if fn == "nvmlDeviceGetUUID":
         return f"GPU-00000000-0000-4000-8000-{index:012d}"
     if fn == "nvmlDeviceGetSerial":
         return f"{index:013d}"
     if fn == "nvmlDeviceGetPciInfo" and isinstance(value, dict):
-        bus = bus_id(index)
-        return {**value, "busId": bus, "busIdLegacy": bus[4:], "bus": 0x18 + index * 0x10}
+        bus = bus_id(index, n)
+        return {**value, "busId": bus, "busIdLegacy": bus[4:], "bus": bus_number(index, n)}
     return value
 
 
@@ -104,7 +116,7 @@ def replicate_devices(header: dict[str, Any], ticks: Ticks, n: int) -> tuple[dic
                 for i in range(n):
                     oc = copy.deepcopy(outcome)
                     if "v" in oc:
-                        oc["v"] = _relabel(fn, oc["v"], i)
+                        oc["v"] = _relabel(fn, oc["v"], i, n)
                     calls.append([i, fn, args, kwargs, oc])
             elif scope == "sys" or isinstance(scope, int) and scope >= n:
                 calls.append([scope, fn, args, kwargs, outcome])
@@ -295,6 +307,30 @@ def delay_call(
         return {**tick, "calls": calls}
 
     return {**header, "derived": f"{header.get('derived', '')} delay_call({scope}, {fn}, {seconds})".strip()}, _per_tick(ticks, one)
+
+
+def between(header: dict[str, Any], ticks: Ticks, start: float, end: float) -> tuple[dict[str, Any], Ticks]:
+    """The ticks recorded in ``[start, end)``, renumbered from 0, with the init block (see module
+    docstring)."""
+    init = [t for t in ticks if t["tick"] < 0]
+    body = [t for t in ticks if t["tick"] >= 0 and start <= t["ts"] < end]
+    return {**header, "derived": f"{header.get('derived', '')} between({start}, {end})".strip()}, init + [
+        {**t, "tick": k} for k, t in enumerate(body)
+    ]
+
+
+def scale_gpm(header: dict[str, Any], ticks: Ticks, metric_ids: Iterable[int], factor: float) -> tuple[dict[str, Any], Ticks]:
+    """Every recorded GPM output of ``metric_ids`` (on every device) times ``factor``."""
+    ids = {str(m) for m in metric_ids}
+    out = []
+    for tick in ticks:
+        calls = []
+        for scope, fn, args, kwargs, outcome in tick["calls"]:
+            if fn == "gpm" and isinstance(outcome.get("v"), dict):
+                outcome = {"v": {k: (v * factor if k in ids and isinstance(v, (int, float)) else v) for k, v in outcome["v"].items()}}
+            calls.append([scope, fn, args, kwargs, outcome])
+        out.append({**tick, "calls": calls})
+    return {**header, "derived": f"{header.get('derived', '')} scale_gpm({sorted(ids)}, {factor})".strip()}, out
 
 
 def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:

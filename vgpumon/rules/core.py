@@ -1,0 +1,209 @@
+"""What a rule is (``Rule``), what evaluating it says (``Finding``), and what its Prometheus twin
+is (``Twin``). Pure data and small helpers; the checks live in ``vgpumon.rules.gpu``, ``pcie``,
+``leak``, ``vllm`` and ``source``; the one list of rules is ``vgpumon.rules.catalogue.RULES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+from vgpumon import catalogue
+
+if TYPE_CHECKING:
+    from vgpumon.rules.thresholds import Thresholds
+    from vgpumon.rules.view import HostView
+
+SEVERITIES = ("critical", "warning", "info")
+#: What a finding says about its rule on one subject. ``unknown``: the inputs are absent (not
+#: supported, not collected, no data in the window) — never taken as healthy.
+STATES = ("firing", "ok", "unknown")
+
+#: Identity labels of each kind of subject: the labels a native finding carries and the labels
+#: its Prometheus twin aggregates ``by`` — the same set, so both name a subject alike. GPU labels
+#: follow dcgm-exporter (lower case ``gpu``, ``uuid``, ``hostname``); identity otherwise lives in
+#: ``vgpumon_gpu_info`` / ``vgpumon_vllm_server_info``.
+SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
+    "gpu": ("hostname", "gpu", "uuid"),
+    "gpu_process": ("hostname", "gpu", "uuid", "pid"),
+    "pcie_port": ("hostname", "port"),
+    "vllm": ("hostname", "server"),
+    "source": ("hostname", "source"),
+}
+
+
+@dataclass(frozen=True)
+class Runbook:
+    """The runbook of a rule (``docs/runbooks/<Alert>.md`` is generated from it).
+
+    Attributes:
+        meaning: what the alert means, and why it matters.
+        confirm: how to confirm it (commands, what to look at).
+        action: what to do.
+    """
+
+    meaning: str
+    confirm: str
+    action: str
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One Prometheus alerting rule of a rule's twin (most rules have one; a rule may have two
+    under the same alert name, e.g. a condition over two metrics).
+
+    Attributes:
+        expr: PromQL; its outermost operation aggregates ``by`` the subject's identity labels.
+        description: the ``description`` annotation, a Go template (``$value``, ``$labels``).
+        for_seconds: ``for``; ``None`` takes the rule's.
+        keep_firing_seconds: ``keep_firing_for``; ``None`` takes the rule's.
+        labels: static labels beside ``severity`` (e.g. ``source``).
+    """
+
+    expr: str
+    description: str
+    for_seconds: float | None = None
+    keep_firing_seconds: float | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Finding:
+    """What one rule says about one subject at one evaluation.
+
+    Attributes:
+        rule: the rule's name.
+        labels: the subject's identity (``SUBJECT_LABELS`` of the rule's subject), strings.
+        state: ``firing``, ``ok`` or ``unknown``.
+        value: the rule's figure (a slope, a share of the link, a temperature …); ``None`` when
+            the rule has none or the state is unknown.
+        evidence: named values the description is filled with (already formatted for people).
+        reason: for ``unknown``, which input is absent and why.
+    """
+
+    rule: str
+    labels: dict[str, str]
+    state: str
+    value: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+
+
+Check = Callable[["HostView", "Thresholds", "Rule"], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: a native check and its Prometheus twin, with the words people read.
+
+    Attributes:
+        name: CamelCase by subject, as Prometheus alerts are named (``GpuMemoryLeak``).
+        severity: ``critical`` pages, ``warning`` tickets, ``info`` helps debugging.
+        subject: a key of ``SUBJECT_LABELS``.
+        summary: static one-liner.
+        description: ``str.format`` template over a finding's evidence (values, window, slope).
+        inputs: what the rule reads: catalogue fields as ``table.field``, or a stored input
+            (``pcie_links``, ``vllm_engine_samples``, ``gpu_events``) — docs/rules.md lists them.
+        check: the native check: yields one ``Finding`` per subject it can say something about.
+        twin: the Prometheus twin, built from the thresholds (metric names from the catalogue).
+        runbook: meaning, confirmation and action.
+        for_seconds: pending → firing after the condition held this long (``for``).
+        keep_firing_seconds: firing → resolved only after the condition stopped this long
+            (hysteresis against flapping; Prometheus' ``keep_firing_for``).
+        every_seconds: how often the agent evaluates it (trend rules need not run every tick).
+    """
+
+    name: str
+    severity: str
+    subject: str
+    summary: str
+    description: str
+    inputs: tuple[str, ...]
+    check: Check
+    twin: Callable[["Thresholds"], list[Twin]]
+    runbook: Runbook
+    for_seconds: float = 0.0
+    keep_firing_seconds: float = 0.0
+    every_seconds: float = 15.0
+
+    def runbook_url(self, base: str = "docs/runbooks/") -> str:
+        return f"{base}{self.name}.md"
+
+    def describe(self, finding: Finding) -> str:
+        """The description filled in with a finding's evidence (a missing key shows as ``?``)."""
+        return self.description.format_map(_Missing(finding.evidence))
+
+    def for_(self, th: "Thresholds") -> float:
+        """``for`` after the thresholds' per-rule override."""
+        return th.for_seconds.get(self.name, self.for_seconds)
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+# -- helpers the checks share ---------------------------------------------------------------------
+
+
+def gpu_labels(hostname: str, index: int, uuid: str) -> dict[str, str]:
+    """Identity labels of a GPU (``SUBJECT_LABELS["gpu"]``)."""
+    return {"hostname": hostname, "gpu": str(index), "uuid": uuid}
+
+
+def fmt(table: str | None, name: str, value: Any) -> str:
+    """A value as reports print it (``vgpumon.catalogue.fmt``), ``N/A`` for ``None``."""
+    return catalogue.fmt((table, name), value)
+
+
+def gb(value: float | None) -> str:
+    """Bytes in GB (SI, as the leak's slope is quoted: 0.3 GB/day)."""
+    return "N/A" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def pct(value: float | None) -> str:
+    """A ratio as a percentage."""
+    return "N/A" if value is None else f"{value * 100:.0f} %"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration the way people say it: ``45 s``, ``12 min``, ``6.0 h``, ``270 days``."""
+    if seconds is None:
+        return "N/A"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def prom(table: str | None, name: str, **match: str) -> str:
+    """A metric selector from the catalogue: the entry's Prometheus name with its constant labels
+    (``prom_labels``) and ``match`` as equality matchers.
+
+    Raises:
+        KeyError: no such field; ValueError: the field is not exported.
+    """
+    f = catalogue.get(table, name)
+    if not f.prometheus:
+        raise ValueError(f"{table}.{name} has no Prometheus metric")
+    labels = {**f.prom_labels, **match}
+    if not labels:
+        return f.prometheus
+    return f.prometheus + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def by(subject: str) -> str:
+    """``by (…)`` clause of a subject's identity labels."""
+    return "by (" + ", ".join(SUBJECT_LABELS[subject]) + ")"
+
+
+def prom_duration(seconds: float) -> str:
+    """Seconds as a PromQL duration (``600`` → ``10m``)."""
+    s = int(round(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"

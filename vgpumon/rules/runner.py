@@ -1,0 +1,159 @@
+"""Rules in the agent: evaluated on a schedule, off the sampling path.
+
+The agent pokes the runner with each tick's time (``poke``: never blocks). When ``interval``
+seconds of data time have passed and no evaluation is running, one evaluation cycle starts as a
+task: the engine reads the store and runs the alert lifecycle on the runner's own thread, the
+alerts it changed are written through the agent's store thread (the one writer), and the
+notifications go to the sinks' dispatcher, whose tasks retry failing sinks without holding
+anything up. A slow store or a slow rule delays only the next evaluation, never a tick.
+
+A cycle evaluates at each ``interval`` of data time since the previous one, up to the newest
+stored tick (at most ``max_catch_up`` times), so a fast replay or a store that comes back after
+an outage still walks through time and ``for`` clocks mean what they say. Each rule is evaluated
+only every ``Rule.every_seconds``. Open alerts are restored from the store at start: a restart
+keeps pending clocks and does not notify firing alerts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from vgpumon.alerts.lifecycle import AlertBook, Changes
+from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
+from vgpumon.errors import StoreUnavailableError
+from vgpumon.rules.engine import Engine
+from vgpumon.rules.view import HostView
+from vgpumon.store import Store
+from vgpumon.store.alerts import AlertRepository
+
+log = logging.getLogger(__name__)
+
+
+class RuleRunner:
+    """Evaluates the rule catalogue for one agent.
+
+    Args:
+        engine: the rules and thresholds (default ``Engine()``).
+        sinks: where firing and resolved alerts go (default: a log line).
+        interval: seconds of data time between evaluation cycles.
+        wall: "now" for the silence rule; ``None`` uses each evaluation's own time (replays).
+        max_catch_up: most evaluation times one cycle walks through.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        sinks: Sequence[Sink] | None = None,
+        interval: float = 5.0,
+        wall: Callable[[], float] | None = time.time,
+        max_catch_up: int = 720,
+    ) -> None:
+        self.engine = engine or Engine()
+        self.dispatcher = Dispatcher(list(sinks) if sinks is not None else [LogSink()])
+        self.interval = interval
+        self.wall = wall
+        self.max_catch_up = max_catch_up
+        self.book = AlertBook(self.engine.by_name, self.engine.thresholds)
+        self.evaluations = 0
+        self._store: Store | None = None
+        self._hostname = ""
+        self._repo: AlertRepository | None = None
+        self._write_exec: Executor | None = None
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules")
+        self._task: asyncio.Task[None] | None = None
+        self._last_poke: float | None = None
+        self._last_at: float | None = None
+        self._last_rule: dict[str, float] = {}
+
+    async def start(self, store: Store, hostname: str, write_executor: Executor) -> None:
+        """Attach to the agent's store (writes go through ``write_executor``), restore the host's
+        open alerts and start the sinks."""
+        self._store, self._hostname, self._write_exec = store, hostname, write_executor
+        self._repo = AlertRepository(store.engine)
+        loop = asyncio.get_running_loop()
+        try:
+            self.book.restore(await loop.run_in_executor(self._exec, self._repo.open_alerts, hostname))
+        except StoreUnavailableError as exc:
+            log.warning("open alerts not restored: %s", exc)
+        await self.dispatcher.start()
+
+    def poke(self, data_ts: float) -> None:
+        """A tick at ``data_ts`` was taken: start a cycle if one is due and none is running."""
+        if self._store is None or (self._task is not None and not self._task.done()):
+            return
+        if self._last_poke is not None and data_ts - self._last_poke < self.interval:
+            return
+        if self._last_poke is None:
+            self._last_at = data_ts - self.interval  # the first cycle walks from the first tick on
+        self._last_poke = data_ts
+        self._task = asyncio.get_running_loop().create_task(self._cycle())
+
+    async def finish(self) -> None:
+        """At the agent's stop (every row written): a last cycle up to the newest tick, then the
+        sinks get a few seconds to deliver."""
+        if self._task is not None:
+            await self._task
+        if self._store is not None:
+            await self._cycle(final=True)
+        await self.dispatcher.close()
+        self._exec.shutdown(wait=True)
+
+    async def _cycle(self, final: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            changes = await loop.run_in_executor(self._exec, self._evaluate, final)
+            if changes.saved or changes.dropped:
+                assert self._repo is not None
+                await loop.run_in_executor(self._write_exec, self._repo.save, self._hostname, changes.saved, changes.dropped)
+        except StoreUnavailableError as exc:
+            log.warning("rules not evaluated: %s", exc)
+            return
+        except Exception:  # noqa: BLE001 - a rule bug must never take the sampling down
+            log.exception("rule evaluation failed")
+            return
+        self.dispatcher.submit(changes.notify)
+
+    def _evaluate(self, final: bool = False) -> Changes:
+        """One cycle, on the rules thread: evaluate at each due time up to the newest stored tick
+        (``final``: every rule at the newest, whatever its cadence — the agent stops)."""
+        assert self._store is not None
+        gpus = self._store.gpus_of(self._hostname)
+        newest = self._store.newest_ts([g.id for g in gpus])
+        total = Changes()
+        if newest is None:
+            return total
+        times = [newest]
+        if self._last_at is not None:
+            times = []
+            t = self._last_at + self.interval
+            while t < newest and len(times) < self.max_catch_up - 1:
+                times.append(t)
+                t += self.interval
+            times.append(newest)
+            if newest <= self._last_at and not final:
+                return total
+        for at in times:
+            due = [r for r in self.engine.rules
+                   if at - self._last_rule.get(r.name, -1e18) >= r.every_seconds or (final and at == newest)]
+            if not due:
+                continue
+            # catch-up times are in the past: only the newest is compared with the wall clock
+            wall = self.wall() if self.wall is not None and at == newest else at
+            view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active())
+            findings = self.engine.evaluate(view, due)
+            ch = self.book.update(findings, due, at)
+            for r in due:
+                self._last_rule[r.name] = at
+            total.saved += [a for a in ch.saved if all(a is not b for b in total.saved)]
+            total.dropped += ch.dropped
+            total.notify += ch.notify
+            self.evaluations += 1
+        self._last_at = newest
+        # an alert dropped after it was saved in this cycle is never stored
+        total.saved = [a for a in total.saved if a.id is not None or all(a is not d for d in total.dropped)]
+        return total

@@ -1,0 +1,72 @@
+"""A source that stopped reporting is its own alert: the NVML source (no GPU row), the host source
+(no host sample) or the vLLM source (no poll of a server it was watching).
+
+"Now" is ``HostView.wall``: the wall clock in a live agent, so a wedged NVML thread that writes
+nothing is seen; the evaluation time in ``diagnose`` and replays, where the sources are compared
+with each other (GPU rows go on, vLLM polls stopped). An agent that is gone entirely cannot say
+so itself: ``diagnose --max-age`` reports it UNKNOWN, and the twin's second rule fires when the
+host's series vanish from Prometheus.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from vgpumon import catalogue
+from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom
+from vgpumon.rules.thresholds import Thresholds
+from vgpumon.rules.view import HostView
+
+
+def _silent(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
+    limit = th.silent_after_seconds
+    now = view.wall
+
+    def finding(source: str, newest: float | None, what: str) -> Finding:
+        labels = {"hostname": view.hostname, "source": source}
+        if newest is None:
+            return Finding(rule.name, labels, "unknown", reason=f"no {what} stored")
+        age = max(0.0, now - newest)
+        return Finding(rule.name, labels, "firing" if age > limit else "ok", age,
+                       {"source": source, "what": what, "age": duration(age), "limit": duration(limit)})
+
+    newest = view.latest(("up",))
+    yield finding("nvml", max((r["ts"] for r in newest.values()), default=None), "GPU sample")
+    host = view.newest_host_sample
+    if host is not None:  # replays of another host's capture take no host samples: nothing to expect
+        yield finding("host", host, "host sample")
+    watched = [i for i in view.vllm_instances if i["ended"] is None and i["last_seen"] >= now - th.vllm_dead_window_seconds]
+    if watched:
+        yield finding("vllm", max(i["last_seen"] for i in watched), "vLLM poll of a server that is still running")
+
+
+def _silent_twin(th: Thresholds) -> list[Twin]:
+    last = prom("agent", "source_last_success_timestamp_seconds")
+    info = catalogue.INFO_METRICS["gpus"]
+    return [
+        Twin(f"max by (hostname, source) (time() - {last}) > {th.silent_after_seconds:g}",
+             "The {{ $labels.source }} source of {{ $labels.hostname }} last answered {{ $value | humanizeDuration }} ago."),
+        Twin(f"max by (hostname) (max_over_time({info}[1h])) unless on (hostname) max by (hostname) ({info})",
+             "The agent of {{ $labels.hostname }} reported within the last hour and its series are gone: it is down or unreachable.",
+             for_seconds=th.silent_after_seconds, labels={"source": "agent"}),
+    ]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "VgpumonSourceSilent", "warning", "source",
+        "A vgpumon source stopped reporting.",
+        "The {source} source's newest {what} is {age} old (limit {limit}).",
+        ("gpu_samples.ts", "host_samples.ts", "vllm_instances.last_seen"),
+        _silent,
+        _silent_twin,
+        Runbook(
+            "One of the agent's sources stopped delivering while it should: NVML (a wedged call, the driver gone), the "
+            "host sampler, or the vLLM poller. Everything the other alerts say about that source is now unknown, not healthy.",
+            "`systemctl status vgpumon` (or the DaemonSet's pod) and its log; `vgpumon diagnose <host> --max-age 2m`; "
+            "`nvidia-smi` on the host for NVML.",
+            "Restart the agent; if NVML is wedged, `nvidia-smi` hangs too: the GPU or driver needs a reset.",
+        ),
+        every_seconds=15.0,
+    ),
+)

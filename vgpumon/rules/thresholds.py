@@ -1,0 +1,198 @@
+"""Thresholds of the rules: one typed dataclass with defaults, loadable from a plain mapping (the
+``[rules]`` section of the settings file plugs in here: ``Thresholds.from_mapping(settings)``).
+
+Every default cites where it comes from. Units are base units (seconds, bytes, ratio 0–1,
+celsius); durations may also be written as strings (``"5m"``, ``"6h"``, ``"90s"``, ``"2d"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def seconds(value: Any) -> float:
+    """A duration in seconds from a number or a string such as ``"90s"``, ``"15m"``, ``"6h"``.
+
+    Raises:
+        ValueError: not a duration.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.fullmatch(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a duration (e.g. 90s, 15m, 6h)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What the rules compare with. Field names are the keys of the ``[rules]`` settings section
+    (docs/rules.md lists them with their rule).
+
+    Attributes (by rule):
+        xid_window_seconds: XIDs count as current for this long (10 min: nvidia_gpu_exporter's
+            allowlist alert, FACTS §7).
+        lost_for_seconds: a GPU unreadable this long now is ``GpuLost``.
+        unreadable_window_seconds: ``GpuUnreadable`` looks back this far for unreadable ticks.
+        missing_after_seconds: a GPU registered for the host without a sample for this long,
+            while another GPU of the host reports, is ``GpuMissing`` …
+        missing_lookback_seconds: … if it reported within this lookback (a card taken out on
+            purpose stops being expected a day after its last sample).
+        silent_after_seconds: a source whose newest data is older than this is
+            ``VgpumonSourceSilent``.
+        stuck_window_seconds: ``GpuStuck`` holds when every tick of this window qualifies (5 min,
+            issue 11).
+        stuck_utilization_ratio: utilization.gpu at or above this …
+        stuck_engine_ratio: … while SM, tensor and DRAM activity (GPM) all stay at or below this
+            …
+        stuck_pcie_ratio: … and PCIe TX+RX stays below this share of the max link (a
+            host→device copy reads utilization 1 with SM 0: FACTS §1 — it is busy, not stuck).
+        memory_full_ratio: ``GpuMemoryNearlyFull`` at this share of memory used.
+        memory_idle_window_seconds, memory_idle_min_bytes, memory_idle_sm_ratio,
+            memory_idle_utilization_ratio: memory above ``min_bytes`` held for the whole window
+            while SM activity and utilization never exceed their ratios — nothing ran, not even a
+            copy (``GpuMemoryHeldIdle``; GPUs of a live vLLM server are left out: its KV cache is
+            allocated by design).
+        thermal_window_seconds: ``GpuThermalSlowdown`` looks at this window …
+        thermal_margin_celsius: … and fires at the GPU's own slowdown threshold minus this, or
+            when a thermal clocks-event reason is active (never a fixed 85 °C: FACTS §7).
+        power_brake_window_seconds: ``GpuPowerBrakeSlowdown`` looks at this window.
+        leak_fit_seconds: the memory trend is fitted over this much of an unbroken segment (6 h:
+            issue 11; node-mixin's disk-fill prediction uses a 6 h fit too, FACTS §7).
+        leak_min_slope_bytes_per_day: the least slope that is a leak (0.1 GB/day; the story's leak
+            was 0.3 GB/day).
+        leak_step_bytes: a change of the level by more than this within ``leak_step_seconds`` is
+            a step (model load, KV-cache allocation, restart), not a trend: the fit starts after
+            it.
+        leak_step_seconds: see above.
+        leak_halves_ratio: the slopes of the fit window's two halves must agree within this ratio
+            (a trend, not a ramp that plateaus).
+        pcie_window_seconds: PCIe p95 is taken over this window …
+        pcie_saturation_ratio: … and a link is saturated when the p95 of TX or RX reaches this
+            share of its max capacity (80 %, FACTS §3) …
+        pcie_clear_ratio: … and stays so until the p95 falls below this (hysteresis).
+        pcie_busy_utilization_ratio: a link below its max generation or width is degraded only
+            while the GPU is this busy (idle links down-train: FACTS §2).
+        pcie_degraded_window_seconds: for this long.
+        replay_window_seconds: PCIe replays are counted over this window against DCGM's
+            per-generation budget per minute (FACTS §4).
+        vllm_ready_limit_seconds: a server not ready this long after its process started is
+            ``VllmNotReady``.
+        vllm_prewarm_slower_factor, vllm_prewarm_slower_min_seconds: a prewarm this many times the
+            median of earlier starts of the same model on the host, and at least this much longer,
+            is ``VllmPrewarmSlow``.
+        vllm_early_seconds: requests in this long after ready are "early" …
+        vllm_steady_after_seconds: … the steady state is what comes this long after ready …
+        vllm_early_ttft_factor: … and early TTFT p95 this many times the steady p50 of TTFT p95,
+            and above ``vllm_early_ttft_min_seconds``, is ``VllmTrafficBeforeWarm``.
+        vllm_early_ttft_min_seconds: see above.
+        vllm_hung_for_seconds: ``VllmServerHung`` after this long hung.
+        vllm_dead_window_seconds: a dead server stays ``VllmServerDead`` this long after its last
+            poll (the agent stops polling a start whose process is gone).
+        vllm_recent_start_seconds: prewarm rules look at starts that became ready this recently.
+        vllm_engine_lost_polls: an engine absent from this many newest polls of a server that
+            still answers is lost.
+        kv_window_seconds: KV rules look at this window.
+        kv_fragmentation_ratio: mean estimated KV waste at or above this is
+            ``VllmKvCacheFragmented``.
+        kv_stuck_usage_ratio: KV usage at or above this with nothing running or waiting for the
+            whole window is ``VllmKvCacheStuckHigh``.
+        queued_kv_usage_ratio: requests waiting for the whole window while KV usage stays below
+            this (the batch is far below what the cache holds) is ``VllmRequestsQueuedUnderused``.
+        runbook_base_url: prefix of every ``runbook_url`` (default: the path in this repository).
+        for_seconds: per-rule override of ``for`` (rule name → seconds).
+        disabled: rule names not evaluated.
+    """
+
+    xid_window_seconds: float = 600.0
+    lost_for_seconds: float = 60.0
+    unreadable_window_seconds: float = 900.0
+    missing_after_seconds: float = 120.0
+    missing_lookback_seconds: float = 86400.0
+    silent_after_seconds: float = 120.0
+    stuck_window_seconds: float = 300.0
+    stuck_utilization_ratio: float = 0.95
+    stuck_engine_ratio: float = 0.01
+    stuck_pcie_ratio: float = 0.01
+    memory_full_ratio: float = 0.95
+    memory_idle_window_seconds: float = 3600.0
+    memory_idle_min_bytes: float = 2**30
+    memory_idle_sm_ratio: float = 0.01
+    memory_idle_utilization_ratio: float = 0.05
+    thermal_window_seconds: float = 120.0
+    thermal_margin_celsius: float = 0.0
+    power_brake_window_seconds: float = 120.0
+    leak_fit_seconds: float = 6 * 3600.0
+    leak_min_slope_bytes_per_day: float = 0.1e9
+    leak_step_bytes: float = 1e9
+    leak_step_seconds: float = 600.0
+    leak_halves_ratio: float = 0.5
+    pcie_window_seconds: float = 600.0
+    pcie_saturation_ratio: float = 0.80
+    pcie_clear_ratio: float = 0.75
+    pcie_busy_utilization_ratio: float = 0.5
+    pcie_degraded_window_seconds: float = 300.0
+    replay_window_seconds: float = 600.0
+    vllm_ready_limit_seconds: float = 600.0
+    vllm_prewarm_slower_factor: float = 2.0
+    vllm_prewarm_slower_min_seconds: float = 60.0
+    vllm_early_seconds: float = 180.0
+    vllm_steady_after_seconds: float = 300.0
+    vllm_early_ttft_factor: float = 5.0
+    vllm_early_ttft_min_seconds: float = 1.0
+    vllm_hung_for_seconds: float = 60.0
+    vllm_dead_window_seconds: float = 3600.0
+    vllm_recent_start_seconds: float = 3600.0
+    vllm_engine_lost_polls: int = 3
+    kv_window_seconds: float = 900.0
+    kv_fragmentation_ratio: float = 0.25
+    kv_stuck_usage_ratio: float = 0.9
+    queued_kv_usage_ratio: float = 0.5
+    runbook_base_url: str = "docs/runbooks/"
+    for_seconds: Mapping[str, float] = field(default_factory=dict)
+    disabled: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "Thresholds":
+        """Thresholds from a plain mapping (a parsed ``[rules]`` section): unnamed keys keep their
+        defaults; durations (``*_seconds``) may be strings like ``"5m"``; ``for`` (or
+        ``for_seconds``) maps rule names to durations; ``disabled`` lists rule names.
+
+        Raises:
+            ValueError: an unknown key, a value of the wrong type, or an unknown rule name.
+        """
+        from vgpumon.rules.catalogue import RULES  # the names ``for``/``disabled`` may use
+
+        names = {r.name for r in RULES}
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, value in values.items():
+            key = "for_seconds" if key == "for" else key
+            f = known.get(key)
+            if f is None:
+                raise ValueError(f"[rules] {key}: unknown threshold (docs/rules.md lists them)")
+            if key == "for_seconds":
+                unknown = set(value) - names
+                if unknown:
+                    raise ValueError(f"[rules] for: unknown rule {sorted(unknown)[0]}")
+                kw[key] = {k: seconds(v) for k, v in value.items()}
+            elif key == "disabled":
+                unknown = set(value) - names
+                if unknown:
+                    raise ValueError(f"[rules] disabled: unknown rule {sorted(unknown)[0]}")
+                kw[key] = frozenset(value)
+            elif key == "runbook_base_url":
+                kw[key] = str(value)
+            elif key.endswith("_seconds"):
+                kw[key] = seconds(value)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"[rules] {key}: {value!r} is not a number")
+            else:
+                kw[key] = int(value) if f.type == "int" else float(value)
+        return cls(**kw)

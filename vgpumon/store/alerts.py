@@ -1,0 +1,101 @@
+"""Writes and reads of the ``alerts`` table (``schema.AlertRow``), on SQLite and Postgres alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from vgpumon.errors import StoreUnavailableError
+from vgpumon.model import Alert
+from vgpumon.store.schema import AlertRow, Host
+
+_T = AlertRow.__table__
+
+
+def _row(host_id: int, a: Alert) -> dict[str, Any]:
+    return {
+        "host_id": host_id, "name": a.name, "severity": a.severity, "fingerprint": a.fingerprint,
+        "labels": json.dumps(a.labels, sort_keys=True), "state": a.state, "active_since": a.active_since,
+        "fired_at": a.fired_at, "resolved_at": a.resolved_at, "last_eval": a.last_eval, "value": a.value,
+        "summary": a.summary[:255], "description": a.description,
+    }
+
+
+def _alert(r: Any) -> Alert:
+    return Alert(
+        name=r["name"], severity=r["severity"], labels=json.loads(r["labels"]), state=r["state"],
+        active_since=r["active_since"], last_eval=r["last_eval"], summary=r["summary"], description=r["description"],
+        value=r["value"], fired_at=r["fired_at"], resolved_at=r["resolved_at"], id=r["id"],
+    )
+
+
+class AlertRepository:
+    """The alerts of a store.
+
+    Args:
+        engine: the store's engine (``Store.engine``); the table is created by the migrations.
+
+    Every method raises ``StoreUnavailableError`` when the database cannot be reached.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _fail(self, exc: Exception) -> StoreUnavailableError:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return StoreUnavailableError(f"store {self.engine.url.render_as_string(hide_password=True)} unavailable: {detail}")
+
+    def save(self, hostname: str, alerts: Sequence[Alert], dropped: Sequence[Alert] = ()) -> None:
+        """Store alert episodes in one transaction: insert new ones (their ``id`` is set), update
+        known ones, delete ``dropped`` pending episodes (they never fired)."""
+        if not alerts and not dropped:
+            return
+        try:
+            with self.engine.begin() as conn:
+                host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
+                if host_id is None:
+                    host_id = conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key[0]
+                for a in alerts:
+                    row = _row(host_id, a)
+                    if a.id is None:
+                        a.id = conn.scalar(
+                            select(_T.c.id).where(
+                                and_(_T.c.host_id == host_id, _T.c.fingerprint == a.fingerprint, _T.c.active_since == a.active_since)
+                            )
+                        )
+                    if a.id is None:
+                        a.id = int(conn.execute(_T.insert().values(**row)).inserted_primary_key[0])
+                    else:
+                        conn.execute(_T.update().where(_T.c.id == a.id).values(**row))
+                for a in dropped:
+                    if a.id is not None:
+                        conn.execute(_T.delete().where(_T.c.id == a.id))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def open_alerts(self, hostname: str) -> list[Alert]:
+        """The host's pending and firing episodes (what an agent restores at start)."""
+        return self._query(hostname, _T.c.state.in_(("pending", "firing")))
+
+    def history(self, hostname: str, start: float, end: float) -> list[Alert]:
+        """Episodes that fired and were active at some time in ``[start, end]``, oldest first."""
+        cond = and_(
+            _T.c.fired_at.is_not(None),
+            _T.c.active_since <= end,
+            or_(_T.c.resolved_at.is_(None), _T.c.resolved_at >= start),
+        )
+        return self._query(hostname, cond)
+
+    def _query(self, hostname: str, cond: Any) -> list[Alert]:
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(_T).join(Host, Host.id == _T.c.host_id).where(and_(Host.hostname == hostname, cond))
+                    .order_by(_T.c.active_since, _T.c.id)
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [_alert(r) for r in rows]
