@@ -278,3 +278,28 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     m = scrape(ex)
     assert m.value("vgpumon_gpu_up", **IDENTITY, **owner) is not None
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0
+
+
+def test_the_agents_rule_engine_feeds_vgpumon_alerts(tmp_path):
+    """The real engine behind /metrics: the 8-GPU incident replayed with rules on; what the
+    engine holds firing (XID 79, uncorrectable ECC) is served as vgpumon_alerts, labelled by
+    the GPU it is about, and a leak slope only where the leak rule has one (none in minutes)."""
+    from vgpumon.agent import Agent
+    from vgpumon.alerts.sinks import LogSink
+    from vgpumon.rules.runner import RuleRunner
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.store import open_store
+    cap = incident.write(DATA, tmp_path / "incident.jsonl.gz", tick_seconds=1.0)
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    runner = RuleRunner(sinks=[LogSink()], wall=None)
+    agent = Agent(NvmlSource(ReplayBackend(cap)), store, hostname="h", paced=False, rules=runner)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    exporter = MetricsExporter.for_agent(agent, ExporterConfig(listen="off"), rules=runner)
+    text = exporter.render().decode()
+    firing = [ln for ln in text.splitlines() if ln.startswith("vgpumon_alerts{") and 'state="firing"' in ln]
+    assert any('alertname="GpuXidCritical"' in ln and 'gpu="5"' in ln for ln in firing), firing
+    assert any('alertname="GpuEccUncorrectable"' in ln and 'gpu="3"' in ln for ln in firing), firing
+    assert runner.memory_slopes() == {}

@@ -194,7 +194,8 @@ async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" =
         return await agent.run(stop)  # type: ignore[attr-defined]
     from vgpumon.exporter.server import serving
 
-    async with serving(agent, exporter):  # type: ignore[arg-type]
+    # the rules engine, when the agent runs one, feeds /metrics its alerts and leak slopes
+    async with serving(agent, exporter, rules=getattr(agent, "rules", None)):  # type: ignore[arg-type]
         return await agent.run(stop)  # type: ignore[attr-defined]
 
 

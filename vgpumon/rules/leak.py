@@ -41,7 +41,12 @@ from vgpumon.rules.view import HostView
 DAY = 86400.0
 _BUCKETS = 120
 #: Event kinds of the NVML source after which a memory series is a new one.
-BREAK_EVENTS = frozenset({"memory_semantics", "gpu_appeared", "clock_step", "driver_reload"})
+#: Host events (``vgpumon.model.HostEvent``) after which a memory series may step for a reason that
+#: is not a leak: the memory API changed (v1 counts driver-reserved memory), NVML re-initialised
+#: (driver reload), the GPU came back from a reset or appeared, the wall clock stepped.
+BREAK_EVENTS = frozenset(
+    {"memory_api_changed", "nvml_reinitialized", "gpu_recovered", "gpu_appeared", "gpu_unwedged", "clock_step"}
+)
 
 
 @dataclass(frozen=True)

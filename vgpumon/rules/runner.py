@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from vgpumon.alerts.lifecycle import AlertBook, Changes
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
@@ -29,6 +29,9 @@ from vgpumon.rules.engine import Engine
 from vgpumon.rules.view import HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
+
+if TYPE_CHECKING:
+    from vgpumon.exporter.feed import AlertSample
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class RuleRunner:
         self._hostname = ""
         self._repo: AlertRepository | None = None
         self._write_exec: Executor | None = None
+        self._slopes: dict[str, float] = {}
+        self._published: list[AlertSample] = []
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules")
         self._task: asyncio.Task[None] | None = None
         self._last_poke: float | None = None
@@ -118,6 +123,27 @@ class RuleRunner:
             return
         self.dispatcher.submit(changes.notify)
 
+    # -- what /metrics serves of the engine (vgpumon.exporter.feed.RulesFeed) ----------------------
+
+    def alerts(self) -> list["AlertSample"]:
+        """Alerts pending or firing as of the newest cycle, as ``vgpumon_alerts`` serves them: a
+        list published by the rules thread after each cycle (no evaluation, no store query; called
+        on the event loop at each scrape)."""
+        return self._published
+
+    def _publish(self) -> None:
+        from vgpumon.exporter.feed import AlertSample
+
+        self._published = [
+            AlertSample(alertname=a.name, severity=a.severity, state=a.state, labels=dict(a.labels))
+            for a in self.book.open()
+            if a.state in ("pending", "firing")
+        ]
+
+    def memory_slopes(self) -> dict[str, float]:
+        """GPU UUID → the memory-leak rule's newest Theil–Sen slope, bytes per second."""
+        return self._slopes
+
     def _evaluate(self, final: bool = False) -> Changes:
         """One cycle, on the rules thread: evaluate at each due time up to the newest stored tick
         (``final``: every rule at the newest, whatever its cadence — the agent stops)."""
@@ -146,6 +172,13 @@ class RuleRunner:
             wall = self.wall() if self.wall is not None and at == newest else at
             view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active())
             findings = self.engine.evaluate(view, due)
+            slopes = {
+                f.labels["uuid"]: f.value / 86400.0  # the rule's figure is bytes per day
+                for f in findings
+                if f.rule == "GpuMemoryLeak" and f.value is not None and "uuid" in f.labels
+            }
+            if slopes:
+                self._slopes = {**self._slopes, **slopes}  # one assignment: read by the loop's thread
             ch = self.book.update(findings, due, at)
             for r in due:
                 self._last_rule[r.name] = at
@@ -154,6 +187,7 @@ class RuleRunner:
             total.notify += ch.notify
             self.evaluations += 1
         self._last_at = newest
+        self._publish()
         # an alert dropped after it was saved in this cycle is never stored
         total.saved = [a for a in total.saved if a.id is not None or all(a is not d for d in total.dropped)]
         return total
