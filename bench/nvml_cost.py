@@ -69,29 +69,35 @@ def time_collector(ticks: int, use_gpm: bool, profile: bool = False) -> dict[str
 
 
 def time_bare_pynvml(ticks: int) -> dict[str, float]:
+    """The floor: nvidia-ml-py making the calls vgpumon's fast set makes on a Hopper GPU, in the
+    same order, with nothing done to the answers (GPM buffers reused as vgpumon does; the fan
+    call left out because the H200 answers it "not supported" and vgpumon stops asking)."""
     import pynvml as nv
 
     nv.nvmlInit()
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
     metric_ids = (2, 3, 5, 10, 20, 21)
-    prev = {}
+    bufs, cur = {}, {}
     for i, h in enumerate(handles):
-        prev[i] = nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc())
+        bufs[i] = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        nv.nvmlGpmSampleGet(h, bufs[i][0])
+        cur[i] = 1
 
     def one(i: int, h) -> None:
-        s = nv.nvmlGpmSampleGet(h, nv.nvmlGpmSampleAlloc())
+        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        nv.nvmlDeviceGetUtilizationRates(h)
+        c = cur[i]
+        nv.nvmlGpmSampleGet(h, bufs[i][c])
         req = nv.c_nvmlGpmMetricsGet_t()
         req.version = nv.NVML_GPM_METRICS_GET_VERSION
         req.numMetrics = len(metric_ids)
-        req.sample1, req.sample2 = prev[i], s
+        req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
         for k, m in enumerate(metric_ids):
             req.metrics[k].metricId = m
         nv.nvmlGpmMetricsGet(req)
-        nv.nvmlGpmSampleFree(prev[i])
-        prev[i] = s
-        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-        nv.nvmlDeviceGetUtilizationRates(h)
+        cur[i] = 1 - c
         nv.nvmlDeviceGetTemperature(h, 0)
+        nv.nvmlDeviceGetFieldValues(h, [82])  # HBM temperature
         nv.nvmlDeviceGetPowerUsage(h)
         nv.nvmlDeviceGetClockInfo(h, 1)
         nv.nvmlDeviceGetClockInfo(h, 2)
@@ -157,7 +163,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50, help="runs of the whole-process tools")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of 500 collector ticks (GPM path)")
+    ap.add_argument("--fake-gpus", type=int, default=0, metavar="N",
+                    help="no GPU here: put bench/fake_nvml.py under nvidia-ml-py with N GPUs and compare the "
+                         "Python side only (vgpumon vs bare); never a figure for the docs")
     args = ap.parse_args()
+    if args.fake_gpus:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import fake_nvml
+
+        fake_nvml.install(args.fake_gpus)
+        results = {
+            "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
+            "bare pynvml, same calls": time_bare_pynvml(args.ticks),
+        }
+        report(results, args.json)
+        return
     results = {
         "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
         "vgpumon fast set (no GPM)": time_collector(args.ticks, False),
@@ -166,6 +186,10 @@ def main() -> None:
         "nvitop Device.as_snapshot()": time_nvitop(args.runs * 4),
         "gpustat new_query()": time_gpustat(args.runs * 4),
     }
+    report(results, args.json)
+
+
+def report(results: dict, json_out: Path | None) -> None:
     ours = results["vgpumon fast set (GPM)"]["median_ms"]
     print(f"{'per GPU, one sample':<32} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'× vgpumon':>10}")
     for name, r in results.items():
@@ -173,8 +197,8 @@ def main() -> None:
             print(f"{name:<32} {r}")
             continue
         print(f"{name:<32} {r['median_ms']:>10.3f} {r['p90_ms']:>8.3f} {r['max_ms']:>8.3f} {r['median_ms'] / ours:>10.1f}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -167,6 +167,24 @@ class _Watch:
         raise Abandoned(f"GPU {index}: {fn} returned after the tick was given up")
 
 
+class _Unsupported(set):
+    """The calls (``(fn, args, kwargs)`` keys) a device answered "not supported", with the set of
+    their function names beside them: a call whose function has no entry is asked without
+    building its key (most calls, every tick)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fns: set[str] = set()
+
+    def add(self, key: tuple[Any, ...]) -> None:
+        super().add(key)
+        self.fns.add(key[0])
+
+    def clear(self) -> None:
+        super().clear()
+        self.fns.clear()
+
+
 class _Reader:
     """The choke point: one device, one tick. Collects values and reasons for ``None``.
 
@@ -177,18 +195,21 @@ class _Reader:
 
     __slots__ = (
         "backend", "index", "unsupported", "door", "rejected", "missing", "pcie_limit", "memory_limit", "watch", "generation",
+        "calls",
     )
 
     def __init__(
         self,
         backend: NvmlBackend,
         index: int,
-        unsupported: set[tuple[Any, ...]],
+        unsupported: _Unsupported,
         door: Door,
         gpu: GpuIdentity | None = None,
         watch: "_Watch | None" = None,
+        calls: dict[str, Any] | None = None,
     ) -> None:
         self.backend = backend
+        self.calls = calls or {}  # LiveBackend.bound_calls: the per-tick calls without dispatch
         self.index = index
         self.unsupported = unsupported
         self.door = door
@@ -208,22 +229,26 @@ class _Reader:
         Raises:
             DeviceDown: on a lifecycle error (GPU lost, reset required, driver gone, ...).
         """
-        key = (fn, args, tuple(kwargs.items()))
-        if key in self.unsupported:
+        unsupported = self.unsupported
+        if fn in unsupported.fns and (fn, args, tuple(kwargs.items())) in unsupported:
             self.missing[field] = "not supported"
             return None
         watch = self.watch
         if watch is not None:
             watch.fn = fn
+        call = self.calls.get(fn)
         try:
-            value = self.backend.device(self.index, fn, *args, **kwargs)
+            if call is not None:
+                value = call(*args, **kwargs)
+            else:
+                value = self.backend.device(self.index, fn, *args, **kwargs)
         except NvmlCallError as exc:
             if watch is not None and watch.generation != self.generation:
                 watch.returned(self.index, fn)
             if exc.is_lifecycle:
                 raise DeviceDown(exc) from None
             if exc.code in _PERMANENT:
-                self.unsupported.add(key)
+                unsupported.add((fn, args, tuple(kwargs.items())))
             self.missing[field] = exc.reason
             return None
         if watch is not None and watch.generation != self.generation:
@@ -314,7 +339,7 @@ class NvmlSource:
         )
         self.rejected: Counter[str] = self.door.rejected
         self.last_success_ts: float | None = None
-        self._unsupported: dict[int, set[tuple[Any, ...]]] = {}
+        self._unsupported: dict[int, _Unsupported] = {}
         self._tick = 0
         # device index → (reason, failures, next tick to retry)
         self._down: dict[int, tuple[str, int, int]] = {}
@@ -478,7 +503,17 @@ class NvmlSource:
                 cached.clear()
 
     def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader:
-        return _Reader(self.backend, index, self._unsupported.setdefault(index, set()), self.door, gpu, self._watch)
+        unsupported = self._unsupported.get(index)
+        if unsupported is None:
+            unsupported = self._unsupported[index] = _Unsupported()
+        calls = None
+        bound_calls = getattr(self.backend, "bound_calls", None)
+        if bound_calls is not None and gpu is not None:
+            try:
+                calls = bound_calls(index)
+            except NvmlCallError:
+                pass  # no handle: the first call through the backend says why
+        return _Reader(self.backend, index, unsupported, self.door, gpu, self._watch, calls)
 
     def _identity(self, index: int) -> GpuIdentity:
         r = self._reader(index)

@@ -36,6 +36,7 @@ import itertools
 import json
 import math
 import socket
+import struct
 import threading
 import time
 import zlib
@@ -177,6 +178,21 @@ class NvmlBackend(Protocol):
 
 
 _PLAIN = frozenset({bool, int, float, str})
+def _gpm_results(nv: Any, n: int) -> tuple[int, struct.Struct]:
+    """Where the (return code, value) pairs of ``n`` GPM metrics lie in a
+    ``nvmlGpmMetricsGet_t`` and the one ``struct`` that reads them all (layout from nvidia-ml-py)."""
+    metric = nv.c_nvmlGpmMetric_t
+    base, size = nv.c_nvmlGpmMetricsGet_t.metrics.offset, ctypes.sizeof(metric)
+    ret_off, val_off = metric.nvmlReturn.offset, metric.value.offset
+    fmt, pos = "=", base + ret_off
+    for i in range(n):
+        r, v = base + i * size + ret_off, base + i * size + val_off
+        fmt += "x" * (r - pos) + "I"
+        fmt += "x" * (v - r - 4) + "d"
+        pos = v + 8
+    return base + ret_off, struct.Struct(fmt)
+
+
 #: ``nvmlValueType_t`` → member of ``nvmlValue_t`` (nvml.h: DOUBLE 0, UNSIGNED_INT 1,
 #: UNSIGNED_LONG 2, UNSIGNED_LONG_LONG 3, SIGNED_LONG_LONG 4, SIGNED_INT 5, UNSIGNED_SHORT 6).
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
@@ -237,6 +253,8 @@ class LiveBackend:
         self._pcie_wake = threading.Event()
         self._pcie_latest: dict[int, Any] = {}
         self._pcie_thread: threading.Thread | None = None
+        self._fast: Any = None  # vgpumon.sources.nvml_fast.FastCalls, from init()
+        self._bound: dict[int, dict[str, Any]] = {}
 
     def _lib(self) -> Any:
         if self._nvml is None:
@@ -256,6 +274,12 @@ class LiveBackend:
         nv = self._lib()
         self._wrap("nvmlInit", nv.nvmlInit)
         self._stop.clear()
+        from vgpumon.sources.nvml_fast import FastCalls
+
+        # the per-tick calls straight through ctypes (vgpumon.sources.nvml_fast): the same answers
+        # as nvidia-ml-py's wrappers, without their per-call Python
+        self._fast = FastCalls(nv, NvmlCallError)
+        self._bound.clear()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -267,6 +291,8 @@ class LiveBackend:
         for index in list(self._gpm_prev):
             self._free_gpm(index)
         self._handles.clear()
+        self._bound.clear()
+        self._fast = None
         try:
             self._lib().nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutdown must never raise
@@ -289,7 +315,27 @@ class LiveBackend:
             self._handles[index] = handle
         return handle
 
+    def bound_calls(self, index: int) -> dict[str, Any]:
+        """The per-tick calls of device ``index`` straight through ctypes
+        (``vgpumon.sources.nvml_fast``), by nvidia-ml-py name: ``calls[fn](*args, **kwargs)``
+        answers as ``device(index, fn, *args, **kwargs)`` does, without its dispatch. Empty
+        before ``init()``.
+
+        Raises:
+            NvmlCallError: the device's handle cannot be had.
+        """
+        bound = self._bound.get(index)
+        if bound is None:
+            if self._fast is None:
+                return {}
+            bound = self._bound[index] = self._fast.bind(self._handle(index))
+        return bound
+
     def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        bound = self._bound.get(index)
+        fast = None if bound is None else bound.get(fn)
+        if fast is not None:
+            return fast(*args, **kwargs)
         nv = self._lib()
         call = getattr(nv, fn, None)
         if call is None:  # this nvidia-ml-py has no binding for it
@@ -306,38 +352,52 @@ class LiveBackend:
         return to_plain(value)
 
     def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
-        # Two sample buffers and one request per device, allocated once and reused: the
-        # buffers alternate as "previous" and "current", so a tick costs one nvmlGpmSampleGet
-        # and one nvmlGpmMetricsGet (no alloc/free pair per tick).
+        # Two sample buffers and two requests per device, made once: the buffers alternate as
+        # "previous" and "current" and each request already points at its pair, so a tick costs
+        # one nvmlGpmSampleGet and one nvmlGpmMetricsGet, and the results are read from the
+        # request's memory in one unpack (nvidia-ml-py's structs read each field through Python).
         nv = self._lib()
-        handle = self._handle(index)
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handle(index)
         state = self._gpm_prev.get(index)
         if state is None or state["ids"] != tuple(metric_ids):
             self._free_gpm(index)
             bufs = [self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc) for _ in range(2)]
-            req = nv.c_nvmlGpmMetricsGet_t()
-            req.version = nv.NVML_GPM_METRICS_GET_VERSION
-            req.numMetrics = len(metric_ids)
-            for i, metric_id in enumerate(metric_ids):
-                req.metrics[i].metricId = metric_id
-            state = {"ids": tuple(metric_ids), "bufs": bufs, "cur": 0, "have_prev": False, "req": req}
+            reqs = []
+            for first, second in ((bufs[1], bufs[0]), (bufs[0], bufs[1])):  # by the buffer just taken
+                req = nv.c_nvmlGpmMetricsGet_t()
+                req.version = nv.NVML_GPM_METRICS_GET_VERSION
+                req.numMetrics = len(metric_ids)
+                req.sample1, req.sample2 = first, second
+                for i, metric_id in enumerate(metric_ids):
+                    req.metrics[i].metricId = metric_id
+                reqs.append((req, ctypes.byref(req)))
+            state = {
+                "ids": tuple(metric_ids), "bufs": bufs, "reqs": reqs, "cur": 0, "have_prev": False,
+                "get": nv._nvmlGetFunctionPointer("nvmlGpmSampleGet"),
+                "metrics": nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet"),
+                "unpack": _gpm_results(nv, len(metric_ids)),
+            }
             self._gpm_prev[index] = state
         cur = state["cur"]
-        self._wrap("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, handle, state["bufs"][cur])
+        ret = state["get"](handle, state["bufs"][cur])
+        if ret:
+            raise NvmlCallError(ret, "nvmlGpmSampleGet")
         state["cur"] = 1 - cur
         if not state["have_prev"]:
             state["have_prev"] = True
             return None
-        req = state["req"]
-        req.sample1 = state["bufs"][1 - cur]
-        req.sample2 = state["bufs"][cur]
-        self._wrap("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, req)
+        req, ref = state["reqs"][cur]
+        ret = state["metrics"](ref)
+        if ret:
+            raise NvmlCallError(ret, "nvmlGpmMetricsGet")
+        offset, fmt = state["unpack"]
+        flat = fmt.unpack_from(req, offset)
         out: dict[int, Any] = {}
-        metrics = req.metrics
         for i, metric_id in enumerate(state["ids"]):
-            m = metrics[i]
-            ret = m.nvmlReturn
-            out[metric_id] = float(m.value) if ret == 0 else NvmlCallError(int(ret), "nvmlGpmMetricsGet")
+            code = flat[2 * i]
+            out[metric_id] = flat[2 * i + 1] if code == 0 else NvmlCallError(code, "nvmlGpmMetricsGet")
         return out
 
     def _free_gpm(self, index: int) -> None:
@@ -351,6 +411,7 @@ class LiveBackend:
 
     def forget_device(self, index: int) -> None:
         self._handles.pop(index, None)
+        self._bound.pop(index, None)
         self._free_gpm(index)
 
     # XID events ---------------------------------------------------------------------------------
@@ -389,6 +450,9 @@ class LiveBackend:
         self._xid_thread.start()
 
     def _xid_wait_loop(self, event_set: Any, by_address: dict[int | None, int], active: bool) -> None:
+        from vgpumon.workers import name_os_thread
+
+        name_os_thread()
         nv = self._lib()
         while active and not self._stop.is_set():
             try:
@@ -425,6 +489,9 @@ class LiveBackend:
         return latest
 
     def _pcie_loop(self) -> None:
+        from vgpumon.workers import name_os_thread
+
+        name_os_thread()
         nv = self._lib()
         while not self._stop.is_set():
             now = time.monotonic()

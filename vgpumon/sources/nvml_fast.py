@@ -1,0 +1,185 @@
+"""The per-tick NVML calls, straight to libnvidia-ml through ctypes.
+
+nvidia-ml-py wraps every call in Python that allocates its out-struct, looks the C function up,
+and hands back structs whose every field read goes through an overridden ``__getattribute__``;
+for a sample of a dozen cheap getters (2–10 µs each in C on the H200, FACTS §1) that Python is a
+large share of the cost. The calls the collector makes every tick are made here instead: the C
+function looked up once, the out-struct allocated once per device and reused, fields read through
+plain ctypes structs with nvidia-ml-py's own layouts (``_fields_`` copied), values returned as the
+same plain data ``to_plain`` gives for nvidia-ml-py's answer — so captures and replays do not
+change. Every other call goes through nvidia-ml-py as before.
+
+Only ``LiveBackend`` uses this; it falls back to nvidia-ml-py for a call whose C function this
+driver lacks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+#: nvml.h ``NVML_ERROR_INSUFFICIENT_SIZE``: the process list needs a larger array.
+_INSUFFICIENT_SIZE = 7
+_NOT_AVAILABLE_U64 = 0xFFFF_FFFF_FFFF_FFFF
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _plain_copy(name: str, struct: Any, base: type = ctypes.Structure) -> type:
+    """A plain ctypes struct (or union) with ``struct``'s layout: field reads without
+    nvidia-ml-py's ``__getattribute__``."""
+    fields = []
+    for f in struct._fields_:
+        fname, ftype = f[0], f[1]
+        if isinstance(ftype, type) and issubclass(ftype, (ctypes.Structure, ctypes.Union)) and hasattr(ftype, "_fields_"):
+            ftype = _plain_copy(f"{name}_{fname}", ftype, ctypes.Union if issubclass(ftype, ctypes.Union) else ctypes.Structure)
+        fields.append((fname, ftype, *f[2:]))
+    return type(name, (base,), {"_fields_": fields, **({"_pack_": struct._pack_} if hasattr(struct, "_pack_") else {})})
+
+
+class FastCalls:
+    """The fast-set calls of one library instance, bound per device.
+
+    Args:
+        nv: the ``pynvml`` module, initialised (its library loaded).
+        error: ``error(code, fn)`` builds the exception raised for an NVML return code.
+
+    ``bind(handle)[fn](*args, **kwargs)`` answers like ``LiveBackend.device(index, fn, ...)``
+    would, for the functions this driver has; each bound device gets its own out-structs, so a
+    call abandoned while stuck (a wedged GPU) may still write into its own, never into another
+    device's.
+    """
+
+    def __init__(self, nv: Any, error: Callable[[int, str], Exception]) -> None:
+        self.nv = nv
+        self.error = error
+        get = nv._nvmlGetFunctionPointer
+        self._mem_v2 = _plain_copy("MemoryV2", nv.c_nvmlMemory_v2_t)
+        self._util = _plain_copy("Utilization", nv.c_nvmlUtilization_t)
+        self._proc = _plain_copy("ProcessInfoV3", nv.c_nvmlProcessInfo_v3_t)
+        self._field = _plain_copy("FieldValue", nv.c_nvmlFieldValue_t)
+        self._makers: list[tuple[str, Callable[[str, Any, Any], Callable[..., Any]], Any]] = []
+        scalars = {
+            "nvmlDeviceGetPowerUsage": ctypes.c_uint,
+            "nvmlDeviceGetTemperature": ctypes.c_uint,
+            "nvmlDeviceGetClockInfo": ctypes.c_uint,
+            "nvmlDeviceGetCurrentClocksEventReasons": ctypes.c_ulonglong,
+            "nvmlDeviceGetPerformanceState": ctypes.c_uint,
+            "nvmlDeviceGetFanSpeed": ctypes.c_uint,
+            "nvmlDeviceGetCurrPcieLinkGeneration": ctypes.c_uint,
+            "nvmlDeviceGetCurrPcieLinkWidth": ctypes.c_uint,
+        }
+        for fn, ctype in scalars.items():
+            try:
+                cfn = get(fn)
+            except nv.NVMLError:
+                continue  # this driver lacks it: nvidia-ml-py's wrapper answers
+            self._makers.append((fn, lambda f, c, h, t=ctype: self._scalar(f, c, h, t), cfn))
+        for fn, cname, make in (
+            ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", self._memory_v2),
+            ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUtilizationRates", self._utilization),
+            ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3", self._processes),
+            ("nvmlDeviceGetFieldValues", "nvmlDeviceGetFieldValues", self._field_values),
+        ):
+            try:
+                self._makers.append((fn, make, get(cname)))
+            except nv.NVMLError:
+                continue
+
+    def bind(self, handle: Any) -> dict[str, Callable[..., Any]]:
+        """The fast calls of one device (its ``nvmlDevice_t``), by nvidia-ml-py function name."""
+        return {fn: make(fn, cfn, handle) for fn, make, cfn in self._makers}
+
+    def _scalar(self, fn: str, cfn: Any, handle: Any, ctype: Any) -> Callable[..., Any]:
+        error, out = self.error, ctype()
+        ref = ctypes.byref(out)
+
+        def call(*args: Any) -> Any:
+            ret = cfn(handle, *args, ref)
+            if ret:
+                raise error(ret, fn)
+            return out.value
+
+        return call
+
+    def _memory_v2(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+        error, m = self.error, self._mem_v2()
+        m.version = self.nv.nvmlMemory_v2
+        ref = ctypes.byref(m)
+        generic = getattr(self.nv, fn)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("version"):  # v1: rare (drivers without v2), through nvidia-ml-py
+                from vgpumon.sources.nvml_backend import to_plain
+
+                return to_plain(generic(handle, *args, **kwargs))
+            ret = cfn(handle, ref)
+            if ret:
+                raise error(ret, fn)
+            return {"version": m.version, "total": m.total, "reserved": m.reserved, "free": m.free, "used": m.used}
+
+        return call
+
+    def _utilization(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+        error, u = self.error, self._util()
+        ref = ctypes.byref(u)
+
+        def call() -> Any:
+            ret = cfn(handle, ref)
+            if ret:
+                raise error(ret, fn)
+            return {"gpu": u.gpu, "memory": u.memory}
+
+        return call
+
+    def _processes(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+        error, proc = self.error, self._proc
+        held = [(proc * 32)()]
+
+        def call() -> Any:
+            arr = held[0]
+            count = ctypes.c_uint(len(arr))
+            ret = cfn(handle, ctypes.byref(count), arr)
+            if ret == _INSUFFICIENT_SIZE:  # more processes than slots: grow as nvidia-ml-py does
+                arr = held[0] = (proc * (count.value * 2 + 5))()
+                count = ctypes.c_uint(len(arr))
+                ret = cfn(handle, ctypes.byref(count), arr)
+            if ret:
+                raise error(ret, fn)
+            out = []
+            for i in range(count.value):
+                p = arr[i]
+                used = p.usedGpuMemory
+                out.append(
+                    {"pid": p.pid, "usedGpuMemory": None if used == _NOT_AVAILABLE_U64 else used,
+                     "gpuInstanceId": p.gpuInstanceId, "computeInstanceId": p.computeInstanceId}
+                )
+            return out
+
+        return call
+
+    def _field_values(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+        error, field = self.error, self._field
+        arrays: dict[tuple[int, ...], Any] = {}
+
+        def call(ids: Any) -> Any:
+            key = tuple(ids)
+            arr = arrays.get(key)
+            if arr is None:
+                arr = arrays[key] = (field * len(key))()
+                for i, fid in enumerate(key):
+                    arr[i].fieldId = fid
+            ret = cfn(handle, ctypes.c_int32(len(arr)), arr)
+            if ret:
+                raise error(ret, fn)
+            out = []
+            for v in arr:
+                vt = v.valueType
+                member = _VALUE_MEMBERS.get(vt)
+                out.append(
+                    {"fieldId": v.fieldId, "scopeId": v.scopeId, "timestamp": v.timestamp, "latencyUsec": v.latencyUsec,
+                     "valueType": vt, "nvmlReturn": v.nvmlReturn,
+                     "value": getattr(v.value, member) if member else None}
+                )
+            return out
+
+        return call
