@@ -543,7 +543,7 @@ RULES: tuple[Rule, ...] = (
             "Drain the host's work from it; try `nvidia-smi -r -i <gpu>`, else reboot. If it recurs, reseat the card "
             "and check the slot's power and riser.",
         ),
-        every_seconds=10.0,
+        every_seconds=15.0,
     ),
     Rule(
         "GpuUnreadable", "warning", "gpu",

@@ -29,6 +29,7 @@ from vgpumon.rules.engine import Engine
 from vgpumon.rules.view import HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
+from vgpumon.workers import name_os_thread
 
 if TYPE_CHECKING:
     from vgpumon.exporter.feed import AlertSample
@@ -42,7 +43,9 @@ class RuleRunner:
     Args:
         engine: the rules and thresholds (default ``Engine()``).
         sinks: where firing and resolved alerts go (default: a log line).
-        interval: seconds of data time between evaluation cycles.
+        interval: seconds of data time between evaluation cycles; default: the shortest
+            ``Rule.every_seconds`` of the engine's rules (a cycle more often than any rule is due
+            only reads the store for nothing).
         wall: "now" for the silence rule; ``None`` uses each evaluation's own time (replays).
         max_catch_up: most evaluation times one cycle walks through.
     """
@@ -52,13 +55,13 @@ class RuleRunner:
         engine: Engine | None = None,
         *,
         sinks: Sequence[Sink] | None = None,
-        interval: float = 5.0,
+        interval: float | None = None,
         wall: Callable[[], float] | None = time.time,
         max_catch_up: int = 720,
     ) -> None:
         self.engine = engine or Engine()
         self.dispatcher = Dispatcher(list(sinks) if sinks is not None else [LogSink()])
-        self.interval = interval
+        self.interval = interval if interval is not None else min((r.every_seconds for r in self.engine.rules), default=15.0)
         self.wall = wall
         self.max_catch_up = max_catch_up
         self.book = AlertBook(self.engine.by_name, self.engine.thresholds)
@@ -69,7 +72,7 @@ class RuleRunner:
         self._write_exec: Executor | None = None
         self._slopes: dict[str, float] = {}
         self._published: list[AlertSample] = []
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules")
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules", initializer=name_os_thread)
         self._task: asyncio.Task[None] | None = None
         self._last_poke: float | None = None
         self._last_at: float | None = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Connection, Engine, and_, case, func, select, text, type_coerce
+from sqlalchemy import Connection, Engine, and_, bindparam, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
@@ -34,6 +34,8 @@ from vgpumon.store.schema import (
 )
 
 _SAMPLES = GpuSampleRow.__table__
+#: Windows longer than this (seconds) are read with one SQLite connection per core.
+PARALLEL_WINDOW_S = 6 * 3600
 _ROLLUPS = gpu_samples_1m
 #: Tables a tick writes besides ``gpu_samples``, in foreign-key order; ``TickRows`` maps each
 #: name to its rows (dicts in base units; the column types encode them).
@@ -152,6 +154,26 @@ class Store:
         self._partitions: set[tuple[str, int]] = set()
         self._extra_inserts = {name: insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}
         self._process_ids: dict[tuple[int, int, float | None], int] = {}
+        # statements the agent's rules run every cycle, built once with bound parameters: building
+        # a SQLAlchemy statement and its cache key costs more than running it on a small window
+        self._stmts: dict[tuple[Any, ...], Any] = {}
+
+    @staticmethod
+    def _ids(n: int) -> list[Any]:
+        """``n`` bound parameters ``id0``… for an ``IN`` list whose length is part of the
+        statement's key (an expanding parameter is re-compiled at every execution)."""
+        return [bindparam(f"id{i}") for i in range(n)]
+
+    @staticmethod
+    def _id_params(ids: Sequence[int]) -> dict[str, int]:
+        return {f"id{i}": g for i, g in enumerate(ids)}
+
+    def _stmt(self, key: tuple[Any, ...], build: Any) -> Any:
+        """The statement ``build()`` makes, made once per ``key``."""
+        stmt = self._stmts.get(key)
+        if stmt is None:
+            stmt = self._stmts[key] = build()
+        return stmt
 
     @property
     def access_note(self) -> str | None:
@@ -181,9 +203,10 @@ class Store:
         Raises:
             StoreUnavailableError: the database cannot be reached or a migration fails.
         """
-        from vgpumon.store.migrate import upgrade
+        from vgpumon.store.migrate import at_head, upgrade
 
-        upgrade(self.engine)
+        if not at_head(self.engine):  # the common case costs one query, and no Alembic import
+            upgrade(self.engine)
 
     def close(self) -> None:
         """Release pooled connections."""
@@ -477,9 +500,9 @@ class Store:
         """The GPUs stored for a host, by NVML index."""
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(Gpu.__table__).join(Host, Host.id == Gpu.host_id).where(Host.hostname == hostname).order_by(Gpu.index)
-                ).mappings().all()
+                stmt = self._stmt(("gpus_of",), lambda: select(Gpu.__table__).join(Host, Host.id == Gpu.host_id)
+                                  .where(Host.hostname == bindparam("hostname")).order_by(Gpu.index))
+                rows = conn.execute(stmt, {"hostname": hostname}).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         out = []
@@ -513,9 +536,9 @@ class Store:
             return None
         try:
             with self.engine.connect() as conn:
-                return conn.scalar(
-                    select(type_coerce(func.max(_SAMPLES.c.ts), _SAMPLES.c.ts.type)).where(_SAMPLES.c.gpu_id.in_(gpu_ids))
-                )
+                stmt = self._stmt(("newest_ts", len(gpu_ids)), lambda: select(type_coerce(func.max(_SAMPLES.c.ts), _SAMPLES.c.ts.type))
+                                  .where(_SAMPLES.c.gpu_id.in_(self._ids(len(gpu_ids)))))
+                return conn.scalar(stmt, self._id_params(gpu_ids))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
@@ -568,30 +591,32 @@ class Store:
             ``None`` aggregates.
         """
         c = _SAMPLES.c
-        exprs = [c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")]
-        sql = {"min": func.min, "mean": func.avg, "max": func.max}
-        for name in columns:
-            col = c[name]
-            for agg in aggregates:
-                if agg == "count":
-                    exprs.append(func.count(col).label(f"{name}_count"))
-                else:
-                    exprs.append(type_coerce(sql[agg](col), col.type).label(f"{name}_{agg}"))
+
+        def build(n: int) -> Any:
+            exprs = [c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")]
+            sql = {"min": func.min, "mean": func.avg, "max": func.max}
+            for name in columns:
+                col = c[name]
+                for agg in aggregates:
+                    if agg == "count":
+                        exprs.append(func.count(col).label(f"{name}_count"))
+                    else:
+                        exprs.append(type_coerce(sql[agg](col), col.type).label(f"{name}_{agg}"))
+            where = and_(c.gpu_id.in_(self._ids(n)), c.ts >= bindparam("start"), c.ts <= bindparam("end"))
+            return select(*exprs).where(where).group_by(c.gpu_id)
 
         def query(ids: Sequence[int]) -> list[Any]:
+            stmt = self._stmt(("window_many", tuple(columns), tuple(aggregates), len(ids)), lambda: build(len(ids)))
             with self.engine.connect() as conn:
-                return list(
-                    conn.execute(
-                        select(*exprs).where(and_(c.gpu_id.in_(list(ids)), c.ts >= start, c.ts <= end)).group_by(c.gpu_id)
-                    ).mappings().all()
-                )
+                return list(conn.execute(stmt, {**self._id_params(ids), "start": start, "end": end}).mappings().all())
 
         try:
             workers = min(len(gpu_ids), os.cpu_count() or 1)
-            if self.dialect == "sqlite" and workers > 1:
+            if self.dialect == "sqlite" and workers > 1 and end - start > PARALLEL_WINDOW_S:
                 # SQLite runs a query on one core; its module releases the GIL while it steps,
                 # and WAL lets readers run side by side: one connection per core halves the
-                # time on 2 cores (docs/benchmarks.md).
+                # time on 2 cores over long windows (docs/benchmarks.md). A short window (the
+                # agent's rules, every few seconds) costs less than starting the threads.
                 chunks = [list(gpu_ids)[i::workers] for i in range(workers)]
                 with ThreadPoolExecutor(workers, thread_name_prefix="vgpumon-read") as pool:
                     rows = [r for part in pool.map(query, chunks) for r in part]
@@ -609,19 +634,23 @@ class Store:
     def events(self, hostname: str, start: float, end: float, kinds: Sequence[str] | None = None) -> list[HostEvent]:
         """Host events of one host over ``start <= ts <= end``, oldest first (``kinds``: only
         these)."""
-        t = HostEventRow.__table__
-        c = t.c
-        query = (
-            select(c.ts, c.kind, c.subject, c.detail)
-            .join(Host.__table__, Host.id == c.host_id)
-            .where(and_(Host.hostname == hostname, c.ts >= start, c.ts <= end))
-            .order_by(c.ts, c.id)
-        )
-        if kinds:
-            query = query.where(c.kind.in_(list(kinds)))
+        c = HostEventRow.__table__.c
+        kinds = tuple(kinds or ())
+
+        def build() -> Any:
+            query = (
+                select(c.ts, c.kind, c.subject, c.detail)
+                .join(Host.__table__, Host.id == c.host_id)
+                .where(and_(Host.hostname == bindparam("hostname"), c.ts >= bindparam("start"), c.ts <= bindparam("end")))
+                .order_by(c.ts, c.id)
+            )
+            return query.where(c.kind.in_(kinds)) if kinds else query
+
+        query = self._stmt(("events", kinds), build)
         try:
             with self.engine.connect() as conn:
-                return [HostEvent(ts=r[0], kind=r[1], subject=r[2], detail=r[3]) for r in conn.execute(query)]
+                params = {"hostname": hostname, "start": start, "end": end}
+                return [HostEvent(ts=r[0], kind=r[1], subject=r[2], detail=r[3]) for r in conn.execute(query, params)]
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
@@ -653,13 +682,12 @@ class Store:
         t = XidEvent.__table__
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(t.c.ts, t.c.gpu_id, t.c.xid)
-                    .join(Gpu, Gpu.id == t.c.gpu_id)
-                    .join(Host, Host.id == Gpu.host_id)
-                    .where(and_(Host.hostname == hostname, t.c.ts >= start, t.c.ts <= end))
-                    .order_by(t.c.ts)
-                ).all()
+                stmt = self._stmt(("host_xids",), lambda: select(t.c.ts, t.c.gpu_id, t.c.xid)
+                                  .join(Gpu, Gpu.id == t.c.gpu_id)
+                                  .join(Host, Host.id == Gpu.host_id)
+                                  .where(and_(Host.hostname == bindparam("hostname"), t.c.ts >= bindparam("start"), t.c.ts <= bindparam("end")))
+                                  .order_by(t.c.ts))
+                rows = conn.execute(stmt, {"hostname": hostname, "start": start, "end": end}).all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return [(r[0], r[1], r[2]) for r in rows]
@@ -689,9 +717,9 @@ class Store:
         c = HostSample.__table__.c
         try:
             with self.engine.connect() as conn:
-                return conn.scalar(
-                    select(type_coerce(func.max(c.ts), c.ts.type)).join(Host, Host.id == c.host_id).where(Host.hostname == hostname)
-                )
+                stmt = self._stmt(("newest_host_sample",), lambda: select(type_coerce(func.max(c.ts), c.ts.type))
+                                  .join(Host, Host.id == c.host_id).where(Host.hostname == bindparam("hostname")))
+                return conn.scalar(stmt, {"hostname": hostname})
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
@@ -747,12 +775,10 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 for name in columns:
-                    row = conn.execute(
-                        select(c.ts, c[name])
-                        .where(and_(c.gpu_id == gpu_id, c.ts <= end, c[name].is_not(None)))
-                        .order_by(c.ts.desc())
-                        .limit(1)
-                    ).first()
+                    stmt = self._stmt(("last_value", name), lambda: select(c.ts, c[name])
+                                      .where(and_(c.gpu_id == bindparam("gid"), c.ts <= bindparam("end"), c[name].is_not(None)))
+                                      .order_by(c.ts.desc()).limit(1))
+                    row = conn.execute(stmt, {"gid": gpu_id, "end": end}).first()
                     out[name] = (row[0], row[1]) if row else None
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -763,11 +789,10 @@ class Store:
         c = _SAMPLES.c
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(c.ts, *(c[n] for n in columns))
-                    .where(and_(c.gpu_id == gpu_id, c.ts >= start, c.ts <= end))
-                    .order_by(c.ts)
-                ).mappings().all()
+                stmt = self._stmt(("series", tuple(columns)), lambda: select(c.ts, *(c[n] for n in columns))
+                                  .where(and_(c.gpu_id == bindparam("gid"), c.ts >= bindparam("start"), c.ts <= bindparam("end")))
+                                  .order_by(c.ts))
+                rows = conn.execute(stmt, {"gid": gpu_id, "start": start, "end": end}).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return [dict(r) for r in rows]
@@ -785,11 +810,16 @@ class Store:
         out: dict[int, dict[str, Any]] = {}
         try:
             with self.engine.connect() as conn:
+                bounded = until is not None
+                stmt = self._stmt(
+                    ("latest", tuple(columns), bounded),
+                    lambda: select(c.ts, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id == bindparam("gid"), c.ts <= bindparam("until")) if bounded else c.gpu_id == bindparam("gid"))
+                    .order_by(c.ts.desc()).limit(1),
+                )
                 for gid in gpu_ids:
-                    where = c.gpu_id == gid if until is None else and_(c.gpu_id == gid, c.ts <= until)
-                    row = conn.execute(
-                        select(c.ts, *(c[n] for n in columns)).where(where).order_by(c.ts.desc()).limit(1)
-                    ).mappings().first()
+                    params = {"gid": gid, "until": until} if bounded else {"gid": gid}
+                    row = conn.execute(stmt, params).mappings().first()
                     if row is not None:
                         out[gid] = dict(row)
         except SQLAlchemyError as exc:
