@@ -131,6 +131,70 @@ def test_the_process_table_sees_an_engine_process_go_even_while_it_is_a_zombie(t
         proc.wait(10)
 
 
+_WRAPPER = """
+import os, sys, time
+print("preparing", flush=True)
+sys.stdin.readline()  # an entrypoint script's setup, until the test says go
+os.execv(sys.executable, [sys.executable, {script!r}, "serve", "m", "--port", "18998"])
+"""
+
+
+def test_a_server_execed_by_its_wrapper_under_the_same_pid_is_found_at_the_next_scan(tmp_path):
+    """An entrypoint that prepares, then ``exec``s ``vllm serve`` keeps its PID: the scan that
+    saw the wrapper ("not a server") must not hide the server until the next full read."""
+    script = tmp_path / "vllm"
+    script.write_text(_FAKE_SERVER)
+    wrapper = tmp_path / "entrypoint.py"
+    wrapper.write_text(_WRAPPER.format(script=str(script)))
+    proc = subprocess.Popen([sys.executable, str(wrapper)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "preparing"
+        table = PsutilProcessTable(full_every_s=3600)  # no full read during the test
+        assert [p for p in table.scan() if p.pid == proc.pid] == []
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        int(proc.stdout.readline())  # the server is up (it printed its engine's pid)
+        (mine,) = [p for p in table.scan() if p.pid == proc.pid]
+        assert mine.port == 18998
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_discovery_polls_less_often_while_no_server_exists():
+    """No server: a poll every ``idle_interval``; once one is tracked, every ``interval``."""
+    import asyncio
+
+    from vgpumon.sources.vllm import NoProcesses, VllmSource
+
+    class Table(NoProcesses):
+        def __init__(self) -> None:
+            self.scans: list[float] = []
+
+        def scan(self):
+            self.scans.append(time.monotonic())
+            return []
+
+    async def main(src: VllmSource, polls: int) -> None:
+        stop = asyncio.Event()
+        n = 0
+        async for _ in src.run(stop):
+            n += 1
+            if n == polls:
+                stop.set()
+        await src.close()
+
+    idle = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25)
+    asyncio.run(main(idle, 4))
+    gaps = [b - a for a, b in zip(idle.processes.scans, idle.processes.scans[1:])]
+    assert len(gaps) == 3 and min(gaps) >= 0.2
+
+    busy = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25, static_urls=["http://127.0.0.1:9"])
+    asyncio.run(main(busy, 4))
+    gaps = [b - a for a, b in zip(busy.processes.scans, busy.processes.scans[1:])]
+    assert len(gaps) == 3 and max(gaps) < 0.2
+
+
 # vllm issue 8115 (vLLM 0.5.x with broken timing): 8060 TTFTs, every one in the first bucket
 # (le="0.1"), with a _sum of 0.5871782302856445 s. Two scrapes of such a server, one interval
 # apart, "poll after poll".

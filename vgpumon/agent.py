@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from vgpumon.catalogue import is_rejection
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
-from vgpumon.pacing import wait_for_slot
+from vgpumon.pacing import sleep_unless, wait_for_slot
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
@@ -43,7 +43,7 @@ from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
-from vgpumon.workers import DaemonExecutor
+from vgpumon.workers import DaemonExecutor, name_os_thread
 
 if TYPE_CHECKING:
     from vgpumon.rules.runner import RuleRunner
@@ -218,8 +218,8 @@ class Agent:
         # exiting on SIGTERM (ThreadPoolExecutor joins its threads at exit).
         self._nvml_exec = DaemonExecutor("vgpumon-nvml")
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
-        self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store")
-        self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host")
+        self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store", initializer=name_os_thread)
+        self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host", initializer=name_os_thread)
         self.rules = rules if store is not None else None
         self.kubernetes = kubernetes
         self._last_host: HostSample | None = None
@@ -544,10 +544,7 @@ class Agent:
                         "vLLM source failed (%s: %s); restart %d in %.1f s",
                         type(exc).__name__, exc, self.stats.vllm_restarts, delay, exc_info=exc,
                     )
-                    try:
-                        await asyncio.wait_for(stop.wait(), timeout=delay)
-                    except asyncio.TimeoutError:
-                        pass
+                    await sleep_unless(stop, delay)
         finally:
             try:
                 await self.vllm.close()
@@ -626,10 +623,7 @@ class Agent:
                 if self.recorded_pace:
                     delay = first_mono + (ts - first_ts) - self.monotonic()
                     if delay > 0:  # a tick read is a tick stored: a stop only ends the wait
-                        try:
-                            await asyncio.wait_for(stop.wait(), timeout=delay)
-                        except asyncio.TimeoutError:
-                            pass
+                        await sleep_unless(stop, delay)
                 if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                     self.stats.gpus = len(self.source.gpus)
                     await self._register()

@@ -41,6 +41,9 @@ class Sink:
     sink wants re-sent on its own (Alertmanager's keep-alive of firing alerts)."""
 
     name = "sink"
+    #: seconds between two looks at ``resend`` while nothing new is queued; ``None``: the sink
+    #: re-sends nothing on its own, and its task sleeps until a notification arrives
+    resend_check: float | None = None
 
     async def send(self, session: aiohttp.ClientSession, alerts: Sequence[Alert], now: float) -> None:
         raise NotImplementedError
@@ -130,6 +133,10 @@ class AlertmanagerSink(_HttpSink):
             else:
                 self._firing.pop(a.fingerprint, None)
 
+    @property
+    def resend_check(self) -> float | None:  # type: ignore[override]
+        return min(5.0, self.resend_every)
+
     def resend(self, now: float) -> list[Alert]:
         if self._firing and now - self._last_send >= self.resend_every:
             return list(self._firing.values())
@@ -199,10 +206,13 @@ class Dispatcher:
         while True:
             if not q:
                 wake.clear()
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout=5.0)
-                except asyncio.TimeoutError:
-                    pass
+                if sink.resend_check is None:  # nothing to re-send: no timer, no wake-ups
+                    await wake.wait()
+                else:
+                    try:
+                        await asyncio.wait_for(wake.wait(), timeout=sink.resend_check)
+                    except asyncio.TimeoutError:
+                        pass
             batch = list(q) or sink.resend(self.clock())
             if not batch:
                 continue

@@ -37,6 +37,8 @@ from vgpumon.model.kubernetes import (
     PodContainer,
     ProcessAttribution,
 )
+from vgpumon.pacing import sleep_unless
+from vgpumon.workers import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +255,7 @@ class KubernetesSource:
         self._answer: tuple[DeviceAllocations, float] | None = None
         self._last_success_ts: float | None = None
         self._collect_seconds = 0.0
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-kubelet")
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-kubelet", initializer=name_os_thread)
 
     def current(self) -> DeviceAllocations | None:
         """The newest answer, or ``None``: never answered, or the answer is older than
@@ -301,10 +303,7 @@ class KubernetesSource:
         """Refresh every ``period`` seconds until ``stop`` is set."""
         while not stop.is_set():
             await self.refresh()
-            try:
-                await asyncio.wait_for(stop.wait(), self.period)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless(stop, self.period)
 
     def close(self) -> None:
         """Stop the worker thread once ``run`` has ended (waits for a call in flight, at most the

@@ -22,8 +22,9 @@ forked one keeps the server's own command line. The multiprocessing resource tra
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import psutil
 
@@ -138,24 +139,44 @@ def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tupl
     return host, DEFAULT_PORT
 
 
+def _raw_cmdline(pid: int) -> bytes | None:
+    """``/proc/<pid>/cmdline`` as bytes (one read, no parsing); ``None`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 class PsutilProcessTable:
     """The host's process table through psutil (needs no privileges for the user's own
     processes; root sees every server).
 
     Reading every process's command line at each poll is most of the agent's CPU on a busy host,
-    so a PID's verdict ("a vLLM server or not") is remembered while the PID lives; only new PIDs
-    are read, and the whole table is read again every ``full_every`` scans, which bounds the
-    time a recycled PID could hide a new server.
+    so a PID's verdict ("a vLLM server or not") is remembered while the PID lives and only new
+    PIDs are read. Two cases make a remembered "no" wrong, and each is looked at again:
+
+    * a wrapper that ``exec``s the server under its own PID (an entrypoint script that prepares
+      for a few seconds, then ``exec vllm serve``): the raw command line of every process
+      younger than ``young_s`` is read again at each scan (one small read; a change means an
+      ``exec``), so such a server is found at the first scan after its ``exec``;
+    * a PID recycled between two scans: the whole table is read again every ``full_every_s``
+      seconds.
 
     Args:
-        full_every: scans between two full reads of the process table.
+        young_s: processes started less than this many seconds ago are read at every scan.
+        full_every_s: seconds between two full reads of the process table.
+        clock: epoch-seconds clock (``time.time``; process start times are epoch seconds).
     """
 
-    def __init__(self, full_every: int = 15) -> None:
-        self.full_every = max(1, full_every)
-        self._verdict: dict[int, bool] = {}
+    def __init__(self, young_s: float = 120.0, full_every_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        self.young_s = young_s
+        self.full_every_s = full_every_s
+        self.clock = clock
+        # pid → (a server, process start, raw command line of a non-server: an exec changes it)
+        self._verdict: dict[int, tuple[bool, float, bytes | None]] = {}
         self._engine_verdict: dict[tuple[int, float], bool] = {}  # (pid, start) → engine process
-        self._scans = 0
+        self._last_full: float | None = None
 
     def _engines(self, tree: Sequence[psutil.Process]) -> tuple[int, ...]:
         """The live engine processes among a server's descendants; a command line is read once
@@ -177,28 +198,36 @@ class PsutilProcessTable:
         return tuple(out)
 
     def scan(self) -> list[VllmProcess]:
-        full = self._scans % self.full_every == 0
-        self._scans += 1
+        now = self.clock()
+        full = self._last_full is None or now - self._last_full >= self.full_every_s
         pids = psutil.pids()
         if full:
+            self._last_full = now
             self._verdict = {}
         else:
             live = set(pids)
             self._verdict = {pid: v for pid, v in self._verdict.items() if pid in live}
+        young = now - self.young_s
         found: dict[int, psutil.Process] = {}
         for pid in pids:
             known = self._verdict.get(pid)
-            if known is False:
-                continue
+            if known is not None and not known[0]:
+                if known[1] < young:
+                    continue  # an old process that is not a server
+                raw = _raw_cmdline(pid)
+                if raw is not None and raw == known[2]:
+                    continue  # a young one, still the program it was (no exec since)
             try:
                 p = psutil.Process(pid)
                 with p.oneshot():
                     if p.status() == psutil.STATUS_ZOMBIE:
                         continue  # exited, not yet reaped by its parent: gone for us
                     cmdline = p.cmdline()
+                    started = p.create_time() if known is None else known[1]
                 p.info = {"cmdline": cmdline}  # type: ignore[attr-defined]
-                self._verdict[pid] = is_vllm_server(cmdline or ())
-                if self._verdict[pid]:
+                server = is_vllm_server(cmdline or ())
+                self._verdict[pid] = (server, started, None if server else _raw_cmdline(pid))
+                if server:
                     found[pid] = p
             except (psutil.Error, TypeError):
                 continue

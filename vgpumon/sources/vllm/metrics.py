@@ -36,8 +36,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from prometheus_client.parser import text_fd_to_metric_families
-
 PREFIX = "vllm:"
 
 #: Canonical field → metric names that carry it, newest first. Sample names as exposed (counters
@@ -320,6 +318,9 @@ def _samples(lines: _Lines) -> Iterator[Any]:
     """Every sample of the body, parsed line by line by prometheus-client: comment lines are
     withheld, so each sample comes back at once as its own family and nothing accumulates. After
     a line the parser refuses, parsing resumes with the next line."""
+    # imported on the first scrape: a host without a vLLM server never loads it
+    from prometheus_client.parser import text_fd_to_metric_families
+
     feed = iter(lines)
     while True:
         try:

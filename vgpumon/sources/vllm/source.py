@@ -30,7 +30,7 @@ import aiohttp
 from vgpumon import catalogue
 from vgpumon.catalogue import Door
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState, Snapshot
-from vgpumon.pacing import wait_for_slot
+from vgpumon.pacing import sleep_unless
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
@@ -49,6 +49,7 @@ from vgpumon.sources.vllm.state import (
     Lifecycle,
     Observation,
 )
+from vgpumon.workers import name_os_thread
 
 log = logging.getLogger(__name__)
 #: ``vllm_samples`` fields whose values come from outside (a server's answers, psutil) and are
@@ -147,6 +148,8 @@ class VllmSource:
         clock: epoch-seconds clock for sample times, prewarm and state (``time.time``); injected
             so that tests drive time.
         interval: seconds between polls in ``run``.
+        idle_interval: seconds between polls while no server is tracked (discovery only); a new
+            server is found within this plus one scan (the prewarm rule needs its start).
         request_timeout: per-request timeout in seconds (connect + full body).
         max_response_bytes: larger bodies are errors (``"too large"``), read no further.
         hang_after: scrapes with work queued and token counters flat before "hung".
@@ -162,6 +165,7 @@ class VllmSource:
         processes: ProcessTable | None = None,
         clock: Callable[[], float] = time.time,
         interval: float = 2.0,
+        idle_interval: float = 4.0,
         request_timeout: float = 1.5,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         hang_after: int = 3,
@@ -172,6 +176,7 @@ class VllmSource:
         self.processes: ProcessTable = processes if processes is not None else PsutilProcessTable()
         self.clock = clock
         self.interval = interval
+        self.idle_interval = idle_interval
         self.request_timeout = request_timeout
         self.max_response_bytes = max_response_bytes
         self.hang_after = hang_after
@@ -180,7 +185,7 @@ class VllmSource:
         self._own_session = session is None
         self._servers: dict[tuple[str, int], _Server] = {}
         self._gpu_pids: dict[str, set[int]] = {}
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm")
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm", initializer=name_os_thread)
         # every value from a server passes the field catalogue's door; rejections counted per field
         self.door = Door(catalogue.fields_of("vllm_samples"))
         self.rejected = self.door.rejected
@@ -210,10 +215,6 @@ class VllmSource:
             One sample per server tracked in this poll, plus a final sample (``ended``) for
             each discovered server whose process went away or was replaced.
         """
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit_per_host=8), trust_env=False, raise_for_status=False
-            )
         now = self.clock()
         try:
             found: Sequence[VllmProcess] = await self._offload(self.processes.scan)
@@ -254,6 +255,10 @@ class VllmSource:
                 )
                 self._servers[key] = _Server(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
         servers = list(self._servers.values())
+        if servers and self._session is None:  # made when there is a server to ask, not before
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit_per_host=8), trust_env=False, raise_for_status=False
+            )
         samples = await asyncio.gather(*(self._poll_one(s, now) for s in servers), return_exceptions=True)
         for srv, smp in zip(servers, samples):
             if isinstance(smp, BaseException):
@@ -278,12 +283,17 @@ class VllmSource:
         return [smp]
 
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
-        """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set."""
-        start = time.monotonic()
-        k = 0
+        """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set; while
+        no server is tracked, every ``idle_interval`` seconds (only discovery runs then, and a
+        new server is still found within that time plus one scan)."""
+        due = time.monotonic()
         while not stop.is_set():
             yield await self.poll()
-            k = await wait_for_slot(stop, start, k, self.interval, time.monotonic)
+            due += self.interval if self._servers else max(self.interval, self.idle_interval)
+            now = time.monotonic()
+            if due < now:  # the poll overran: the next one now, no burst to catch up
+                due = now
+            await sleep_unless(stop, due - now)
 
     async def close(self) -> None:
         """Close the HTTP session (when the source made it) and the worker thread."""
