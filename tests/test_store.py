@@ -21,7 +21,7 @@ from vgpumon.sources.nvml_backend import read_capture
 from vgpumon.store import open_store
 from vgpumon.store.codec import encode_gpu_sample
 from vgpumon.store.engine import make_engine
-from vgpumon.store.migrate import current_revision, head_revision, upgrade
+from vgpumon.store.migrate import at_head, current_revision, head_revision, packaged_head, upgrade
 from vgpumon.store.retention import Retention
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import TIME_TABLES, Base
@@ -32,6 +32,32 @@ _count = count
 
 
 # -- migrations --------------------------------------------------------------------------------
+
+
+def test_the_head_read_without_alembic_is_alembics_head(db_url):
+    # the agent skips Alembic for a store at the packaged head: that head must be Alembic's own
+    assert packaged_head() == head_revision()
+    engine = make_engine(db_url)
+    assert not at_head(engine)  # empty: upgrade decides
+    upgrade(engine, "0010")
+    assert not at_head(engine)  # behind: upgrade runs
+    upgrade(engine)
+    assert at_head(engine)
+
+
+def test_opening_a_store_at_head_imports_no_migration_machinery(tmp_path):
+    code = (
+        "import sys\n"
+        "from vgpumon.store import open_store\n"
+        f"open_store({str(tmp_path / 'a.db')!r}).close()\n"  # creates and migrates: Alembic loaded
+        "print('alembic' in sys.modules)\n"
+    )
+    import subprocess
+    import sys
+
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["True"] and again.stdout.split() == ["False"]
 
 
 def test_migrations_build_the_models_schema_and_rerun_is_a_noop(db_url):

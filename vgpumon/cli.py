@@ -338,6 +338,9 @@ def agent(
             ("rules", "alertmanagers"): ("--alertmanager", alertmanager or None),
         },
     )
+    from vgpumon.workers import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread starts: a long-lived daemon's resident memory
     from vgpumon.agent import Agent
     from vgpumon.sources.host import HostSource
     from vgpumon.sources.nvml import NvmlSource

@@ -17,22 +17,25 @@ something else (vgpumon does not add its tables to another application's databas
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import contextmanager
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
-from filelock import FileLock, Timeout
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.store.engine import describe_store, sqlite_file, unavailable
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic (and Mako under it) is imported only when a schema has to change: a store already at
+# the packaged head is recognised from its ``alembic_version`` row (``at_head``), which keeps
+# ~50 modules and several MB out of every agent and report (docs/benchmarks.md, footprint).
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,10 @@ def _script_location() -> Path:
     return Path(str(resources.files("vgpumon.store") / "migrations"))
 
 
-def alembic_config(connection: Any | None = None) -> Config:
+def alembic_config(connection: Any | None = None) -> "Config":
     """An Alembic ``Config`` for the packaged revisions, bound to ``connection`` when given."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(_script_location()))
     if connection is not None:
@@ -67,9 +72,63 @@ def alembic_config(connection: Any | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest revision shipped with this version of vgpumon."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
+
+
+_REVISION = re.compile(r'^revision(?:: *str)? *= *["\']([^"\']+)["\']', re.M)
+_DOWN = re.compile(r'^down_revision(?:: *[^=]+)? *= *["\']([^"\']+)["\']', re.M)
+
+
+@lru_cache(maxsize=1)
+def packaged_head() -> str | None:
+    """The head revision read from the revision files' ``revision``/``down_revision`` lines,
+    without Alembic: the one revision no other revises. ``None`` when that is not exactly one
+    (a branch: only Alembic can say; ``tests/test_store.py`` checks this agrees with it)."""
+    revisions: set[str] = set()
+    revised: set[str] = set()
+    for path in (_script_location() / "versions").glob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        rev = _REVISION.search(source)
+        if rev is None:
+            continue
+        revisions.add(rev.group(1))
+        down = _DOWN.search(source)
+        if down is not None:
+            revised.add(down.group(1))
+    heads = revisions - revised
+    return heads.pop() if len(heads) == 1 else None
+
+
+def at_head(engine: Engine) -> bool:
+    """True when the store's ``alembic_version`` holds exactly the packaged head: nothing to
+    migrate, and Alembic need not be imported. Any doubt (no table, no row, an error) is False:
+    ``upgrade`` then decides, with its locks and refusals."""
+    head = packaged_head()
+    if head is None:
+        return False
+    reader = engine
+    file = sqlite_file(engine.url) if engine.dialect.name == "sqlite" else None
+    if file is not None:  # looked at read-only: the file may be another application's
+        if not file.is_file() or file.stat().st_size == 0:
+            return False
+        from vgpumon.store.engine import make_engine
+
+        reader = make_engine(str(file), read_only=True)
+    try:
+        with reader.connect() as conn:
+            if not reader.dialect.has_table(conn, "alembic_version"):
+                return False
+            rows = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+    except SQLAlchemyError:
+        return False
+    finally:
+        if reader is not engine:
+            reader.dispose()
+    return [r[0] for r in rows] == [head]
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -78,6 +137,8 @@ def current_revision(engine: Engine) -> str | None:
     Raises:
         StoreUnavailableError: the database cannot be reached.
     """
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
@@ -90,6 +151,9 @@ def _fail(engine: Engine, exc: Exception) -> StoreUnavailableError:
 
 
 def _known(revision: str) -> bool:
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
     try:
         return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
     except CommandError:
@@ -103,6 +167,8 @@ def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
     if file is None:
         yield
         return
+    from filelock import FileLock, Timeout
+
     lock = FileLock(f"{file}.migrate.lock", timeout=SQLITE_LOCK_TIMEOUT_S)
     try:
         with lock:
@@ -161,6 +227,9 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
         ForeignStoreError: the database holds tables of something else.
         StoreUnavailableError: the database cannot be reached or a migration fails.
     """
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     _look_before_writing(engine)
     try:
         with _sqlite_migration_lock(engine), engine.begin() as conn:
