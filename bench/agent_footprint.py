@@ -1,0 +1,204 @@
+"""The whole agent's footprint — CPU share and resident memory over time — beside its baselines,
+side by side in one run.
+
+Started together and watched for the same wall-clock window:
+
+* ``vgpumon agent`` with every default feature on (vLLM discovery, ``/metrics``, rules), plus
+  whatever arguments follow ``--``;
+* ``--bare``: a bare 1 Hz nvidia-ml-py loop making the fast set's calls for every GPU (the CPU
+  floor of sampling at all);
+* ``--floor``: the import-and-init floor — an interpreter that imports what the agent imports
+  to start (``vgpumon.cli`` and the agent's modules), calls ``nvmlInit`` and sleeps; and
+  ``--floor`` also starts a bare interpreter that only calls ``nvmlInit``.
+
+Every ``--every`` seconds each process's resident set (``VmRSS``), CPU time (utime + stime, all
+threads, from ``/proc/<pid>/stat``) and thread count are read. CPU share is taken over the window
+after ``--warmup``; memory is reported at the marks asked for (``--marks 35,60,120``), as seconds
+since the agent started, and as the spread after warm-up.
+
+Usage:
+  python3 bench/agent_footprint.py --measure 120 --bare --floor -- --db sqlite:////tmp/fp.db
+  python3 bench/agent_footprint.py --measure 3600 --every 30 --marks 300,1800,3600 \\
+      -- --replay /tmp/h200-x8.jsonl.gz --pace recorded --db sqlite:////tmp/fp.db --no-vllm
+Everything after ``--`` goes to ``vgpumon agent``. ``--json OUT`` writes the series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+BARE = """
+import time, pynvml as nv
+nv.nvmlInit()
+hs = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+bufs = [[nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()] for _ in hs]
+ids = (2, 3, 5, 10, 20, 21)
+start, k = time.monotonic(), 0
+while True:
+    for i, h in enumerate(hs):
+        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        nv.nvmlDeviceGetUtilizationRates(h)
+        try:
+            c = k % 2
+            nv.nvmlGpmSampleGet(h, bufs[i][c])
+            if k:
+                req = nv.c_nvmlGpmMetricsGet_t()
+                req.version, req.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(ids)
+                req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
+                for j, m in enumerate(ids):
+                    req.metrics[j].metricId = m
+                nv.nvmlGpmMetricsGet(req)
+        except nv.NVMLError:
+            pass
+        nv.nvmlDeviceGetTemperature(h, 0)
+        nv.nvmlDeviceGetFieldValues(h, [82])
+        nv.nvmlDeviceGetPowerUsage(h)
+        nv.nvmlDeviceGetClockInfo(h, 1)
+        nv.nvmlDeviceGetClockInfo(h, 2)
+        nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+        nv.nvmlDeviceGetPerformanceState(h)
+        nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
+        nv.nvmlDeviceGetCurrPcieLinkWidth(h)
+        nv.nvmlDeviceGetComputeRunningProcesses(h)
+    k += 1
+    time.sleep(max(0.0, start + k - time.monotonic()))
+"""
+
+FLOOR = """
+import time, pynvml
+import vgpumon.cli, vgpumon.agent, vgpumon.store, vgpumon.sources.nvml
+pynvml.nvmlInit()
+print("ready", flush=True)
+time.sleep(1e6)
+"""
+
+FLOOR_BARE = """
+import time, pynvml
+pynvml.nvmlInit()
+print("ready", flush=True)
+time.sleep(1e6)
+"""
+
+
+def read(pid: int) -> tuple[float, int, int] | None:
+    """(CPU seconds, RSS bytes, threads) of a live process; ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    cpu = (int(fields[11]) + int(fields[12])) / TICK
+    rss = int(status["VmRSS"].split()[0]) * 1024
+    return cpu, rss, int(status["Threads"])
+
+
+def threads(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (``/proc/<pid>/task/*``: the agent names its OS threads)."""
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds before the CPU window opens")
+    ap.add_argument("--measure", type=float, default=120.0, help="seconds of the CPU window")
+    ap.add_argument("--every", type=float, default=5.0, help="seconds between readings")
+    ap.add_argument("--marks", default="35,60,120", help="seconds after start whose RSS is reported")
+    ap.add_argument("--bare", action="store_true", help="also run the bare 1 Hz nvidia-ml-py loop")
+    ap.add_argument("--floor", action="store_true", help="also run the import-and-init floors")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--fake-gpus", type=int, default=0, metavar="N",
+                    help="no GPU here: run the agent over bench/fake_nvml.py with N GPUs (for profiling; "
+                         "never a figure for the docs)")
+    ap.add_argument("agent_args", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    extra = [a for a in args.agent_args if a != "--"]
+    total = args.warmup + args.measure + 5
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    launcher = ["-m", "vgpumon"]
+    if args.fake_gpus:
+        launcher = [str(Path(__file__).resolve().parent / "fake_agent.py"), "--fake-gpus", str(args.fake_gpus)]
+    procs: dict[str, subprocess.Popen[bytes]] = {
+        "agent": subprocess.Popen([sys.executable, *launcher, "agent", "--duration", f"{total:.0f}s", *extra], env=env)
+    }
+    if args.bare:
+        procs["bare pynvml 1 Hz"] = subprocess.Popen([sys.executable, "-c", BARE], env=env)
+    if args.floor:
+        procs["floor: imports + nvmlInit"] = subprocess.Popen([sys.executable, "-c", FLOOR], env=env)
+        procs["floor: interpreter + nvmlInit"] = subprocess.Popen([sys.executable, "-c", FLOOR_BARE], env=env)
+    t0 = time.monotonic()
+    series: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in procs}
+    agent_threads: list[tuple[float, dict[str, float]]] = []
+    try:
+        while time.monotonic() - t0 < total - 3:
+            now = time.monotonic() - t0
+            if now >= args.warmup and procs["agent"].poll() is None:
+                agent_threads.append((now, threads(procs["agent"].pid)))
+            for name, p in procs.items():
+                r = read(p.pid)
+                if r is not None and p.poll() is None:
+                    series[name].append((round(now, 2), *r))
+            time.sleep(args.every - (time.monotonic() - t0 - now) % args.every)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    marks = [float(m) for m in args.marks.split(",") if m]
+    print(f"{'process':<32} {'CPU % of a core':>16} {'threads':>8} " + " ".join(f"{f'RSS@{m:g}s MB':>13}" for m in marks)
+          + f" {'RSS after warm-up: min..max MB':>31}")
+    report = {}
+    for name, rows in series.items():
+        window = [r for r in rows if r[0] >= args.warmup]
+        if len(window) < 2:
+            print(f"{name:<32} (ended early: {procs[name].returncode})")
+            continue
+        cpu = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+        at = {m: next((r[2] for r in rows if r[0] >= m), None) for m in marks}
+        after = [r[2] for r in window]
+        report[name] = {
+            "cpu_share": cpu, "cpu_window_s": window[-1][0] - window[0][0], "threads": rows[-1][3],
+            "rss_at": {str(m): v for m, v in at.items()}, "rss_min": min(after), "rss_max": max(after), "series": rows,
+        }
+        cells = " ".join(f"{(v / 1e6 if v else float('nan')):>13.1f}" for v in at.values())
+        print(f"{name:<32} {cpu * 100:>16.3f} {rows[-1][3]:>8} {cells} {min(after) / 1e6:>15.1f}..{max(after) / 1e6:<15.1f}")
+    if len(agent_threads) >= 2:
+        (ta, a), (tb, b) = agent_threads[0], agent_threads[-1]
+        per = {n: (b[n] - a.get(n, 0.0)) / (tb - ta) for n in b}
+        report.setdefault("agent", {})["threads_cpu_share"] = per
+        print("agent threads, % of a core: " + ", ".join(f"{n} {v * 100:.3f}" for n, v in sorted(per.items(), key=lambda x: -x[1])))
+    print(f"window: {args.measure:g} s after {args.warmup:g} s warm-up; agent: vgpumon agent {' '.join(extra)}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "report": report}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

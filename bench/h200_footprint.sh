@@ -1,0 +1,17 @@
+#!/bin/bash
+# Issue "agent footprint": every comparison in one run on a GPU host (docs/benchmarks.md,
+# "Agent footprint"). Writes its reports under $OUT (default /tmp/vgpumon-footprint).
+set -u
+OUT=${OUT:-/tmp/vgpumon-footprint}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,driver_version,count --format=csv,noheader | tee "$OUT/gpu.txt"
+nproc | sed 's/^/cores: /' | tee -a "$OUT/gpu.txt"
+echo "== fast path answers = nvidia-ml-py's"; $PY bench/fast_equivalence.py > "$OUT/fast_equivalence.txt" 2>&1; tail -1 "$OUT/fast_equivalence.txt"; grep DIFFERENT "$OUT/fast_equivalence.txt"
+echo "== blocking calls: CPU against wall"; $PY bench/nvml_call_cpu.py 2>&1 | tee "$OUT/call_cpu.txt"
+echo "== fast-set sample per GPU, side by side"; $PY bench/nvml_cost.py --ticks 2000 --runs 50 --json "$OUT/nvml_cost.json" 2>&1 | grep -v WARNING | tee "$OUT/nvml_cost.txt"
+echo "== whole agent over 120 s, beside the bare loop and the import-and-init floors"
+rm -rf /tmp/vgpumon-fp.db* /tmp/vgpumon-fp-spool
+$PY -m vgpumon db upgrade --db sqlite:////tmp/vgpumon-fp.db
+$PY bench/agent_footprint.py --warmup 10 --measure 120 --every 5 --marks 35,60,120 --bare --floor --json "$OUT/footprint.json" \
+    -- --db sqlite:////tmp/vgpumon-fp.db --spool /tmp/vgpumon-fp-spool 2>&1 | grep -v "WARNING\|INFO" | tee "$OUT/footprint.txt"
