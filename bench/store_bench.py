@@ -75,14 +75,20 @@ def batches(rows: list[tuple[Any, ...]], n_gpus: int) -> list[list[tuple[Any, ..
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def fresh_store(url: str) -> tuple[Store, list[int]]:
+def empty_store(url: str) -> Store:
+    """A store at ``url`` with the newest schema and nothing in it: a scratch Postgres database
+    loses its schema ``public`` first (a SQLite file must not exist yet)."""
     if url.startswith("postgresql"):
         e = make_engine(url)
         with e.begin() as conn:
             conn.execute(text("DROP SCHEMA public CASCADE"))
             conn.execute(text("CREATE SCHEMA public"))
         e.dispose()
-    store = open_store(url)
+    return open_store(url)
+
+
+def fresh_store(url: str) -> tuple[Store, list[int]]:
+    store = empty_store(url)
     ids = store.register_gpus("bench-host", [GpuIdentity(index=i, uuid=f"GPU-bench-{i}") for i in range(GPUS)])
     return store, sorted(ids.values())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import json
 import subprocess
 import sys
 
@@ -95,8 +96,14 @@ def test_gpu_without_gpm_is_labelled_utilization_proxy(tmp_path):
     assert run("agent", "--replay", str(cap), "--db", url).returncode == 0
     out = run("diagnose", "localhost", "--db", url)
     assert out.returncode == 0
-    assert "GPU util (proxy: no GPM, not SM activity)" in out.stdout
+    # SM activity and utilization side by side, labelled: no GPM leaves SM activity N/A with the
+    # reason, and utilization (busy time, not SM work) keeps its own column
+    assert "SM act." in out.stdout and "util." in out.stdout and "SM act.: GPM SM activity" in out.stdout
     assert "N/A (no GPM on this GPU" in out.stdout
+    (gpu,) = json.loads(run("diagnose", "localhost", "--db", url, "--json").stdout)["gpus"]
+    assert gpu["sm_active"]["max_ratio"] is None and "no GPM" in gpu["unknown"]["sm_active_ratio.max"]
+    assert gpu["utilization"]["max_ratio"] == 1.0  # the copy and matmul phases: util 100 % either way
+    assert gpu["pcie"]["rx"]["max_bytes_per_second"] is None and "no GPM" in gpu["unknown"]["pcie_rx_bytes_per_second.max"]
 
 
 def test_db_commands_upgrade_stats_and_prune(tmp_path):
@@ -147,7 +154,7 @@ def test_short_window_still_shows_the_ecc_counts(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     assert run("agent", "--replay", str(H200_CAPTURE), "--db", url).returncode == 0
     out = run("diagnose", "localhost", "--db", url, "--window", "3s")
-    assert "uncorrected volatile 0" in out.stdout and "N/A (ECC" not in out.stdout
+    assert "ECC uncorr. 0 vol. / 0 agg." in out.stdout and "N/A (ECC" not in out.stdout
 
 
 def test_agent_alerts_and_diagnose_reports_the_rules_with_overridable_thresholds(tmp_path):
@@ -164,7 +171,8 @@ def test_agent_alerts_and_diagnose_reports_the_rules_with_overridable_thresholds
     assert "FIRING GpuPcieSaturated [warning] hostname=h gpu=0" in agent.stderr
     out = run("diagnose", "h", "--db", url, "--window", "10m")
     assert out.returncode == 1, out.stdout
-    assert "[WARNING] p95 over 10 min: TX" in out.stdout and "of the Gen5 x16 max link" in out.stdout
+    verdict, reason = out.stdout.splitlines()[:2]
+    assert verdict.startswith("WARNING h") and "GPU 0: p95 over 10 min: TX" in reason and "of the Gen5 x16 max link" in reason
     relaxed = tmp_path / "config.toml"
     relaxed.write_text("[rules.thresholds]\npcie_saturation_ratio = 0.99\n")
     assert run("--config", str(relaxed), "diagnose", "h", "--db", url, "--window", "10m").returncode == 0

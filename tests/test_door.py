@@ -219,4 +219,6 @@ def test_the_agent_exits_0_on_a_blank_sentinel(tmp_path):
         [sys.executable, "-m", "vgpumon", "diagnose", "h", "--db", f"sqlite:///{db}"], capture_output=True, text=True, timeout=60
     )
     assert diag.returncode == 0, diag.stdout
-    assert "mean N/A (reported impossible values 76 times (rejected: blank sentinel 9223372036854775794" in diag.stdout
+    # information, not a verdict: the refused value is named with its reason, the power column is N/A
+    assert "GPU 0: power_watts: reported impossible values 76 times in the window (rejected: blank sentinel 9223372036854775794" in diag.stdout
+    assert "N/A (reported impossible values" in diag.stdout

@@ -175,7 +175,9 @@ def test_diagnose_turns_xid_79_into_critical(tmp_path):
     subprocess.run(vg + ["agent", "--replay", str(cap), "--db", url], check=True, capture_output=True)
     out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "[CRITICAL] XID 79 × 1 (GPU has fallen off the bus) in the last 10 min." in out.stdout
+    verdict, reason = out.stdout.splitlines()[:2]
+    assert verdict.startswith("CRITICAL ") and "GPU 0: XID 79 (GPU has fallen off the bus)" in reason
+    assert "evidence  XID 79 × 1 (GPU has fallen off the bus) in the last 10 min." in out.stdout
 
 
 def _field_values(ret: int, value: int) -> dict:

@@ -32,6 +32,7 @@ from vgpumon.masking import MaskingFormatter, mask_secrets
 if TYPE_CHECKING:
     from vgpumon.config import Flags, Settings
     from vgpumon.exporter import ExporterConfig
+    from vgpumon.exporter.api import ApiConfig
     from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
@@ -185,7 +186,7 @@ def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
     return box["value"]
 
 
-async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" = None) -> "object":
+async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" = None, api: "ApiConfig | None" = None) -> "object":
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -195,8 +196,20 @@ async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" =
     from vgpumon.exporter.server import serving
 
     # the rules engine, when the agent runs one, feeds /metrics its alerts and leak slopes
-    async with serving(agent, exporter, rules=getattr(agent, "rules", None)):  # type: ignore[arg-type]
+    async with serving(agent, exporter, rules=getattr(agent, "rules", None), api=api):  # type: ignore[arg-type]
         return await agent.run(stop)  # type: ignore[attr-defined]
+
+
+def _api_config(settings: "Settings") -> "ApiConfig":
+    """The agent's ``/api/v1`` settings (``[api]``; the report's window and thresholds)."""
+    from vgpumon.exporter.api import ApiConfig
+    from vgpumon.rules.thresholds import Thresholds
+
+    a = settings.api
+    return ApiConfig(
+        enabled=a.enabled, token=a.token.get_secret_value() if a.token is not None else None, stacks=a.stacks,
+        window_seconds=settings.diagnose.window, thresholds=Thresholds.from_mapping(settings.rules.thresholds),
+    )
 
 
 def _exporter_config(listen: str, metrics_file: Optional[Path]) -> "ExporterConfig":
@@ -406,7 +419,7 @@ def agent(
         rules=rules,
     )
     try:
-        stats = asyncio.run(_run_until_signal(runner, exporter))
+        stats = asyncio.run(_run_until_signal(runner, exporter, _api_config(settings)))
     finally:
         store.close()
     _echo_err(
@@ -688,31 +701,72 @@ def record(
     _echo_err(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}")  # type: ignore[attr-defined]
 
 
+def _since_param(value: Optional[str]) -> Optional[str]:
+    """Click callback of ``--since``: checked while parsing (64 on a bad value), passed on as
+    typed (the agent parses it the same way)."""
+    from vgpumon.diagnose import parse_since
+
+    if value is not None:
+        try:
+            parse_since(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 @app.command()
 def diagnose(
     ctx: typer.Context,
-    host: Annotated[str, typer.Argument(help="Host name as stored by its agent; `localhost` means this machine.")],
+    host: Annotated[
+        str,
+        typer.Argument(
+            help="HOST or HOST:PORT: the host's agent is asked (port default 19400, setting diagnose.port); with --db, "
+            "the host's name in that store. `localhost` means this machine.",
+            show_default=False,
+        ),
+    ],
     db: DbOption = None,
     window: Annotated[
         Optional[str], typer.Option(help="Window ending at the host's newest stored sample: 15m, 1h, 900s (default 15m; setting diagnose.window).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    since: Annotated[
+        Optional[str],
+        typer.Option(
+            callback=_since_param,
+            help="Look back this far for XIDs, alerts that fired and resolved, and the trends: a duration before the newest "
+            "sample (6h, 3d) or a time (2026-11-30T01:00Z). Default: the window.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (the same content).")] = False,
     max_age: Annotated[
         Optional[str],
         typer.Option(
-            help="UNKNOWN (exit 3) when the host's newest sample is older than this (e.g. 2m): use it from monitoring. "
-            "Default: report on whatever is stored (setting diagnose.max_age)."
+            help="Data older than this is stale (e.g. 2m): UNKNOWN (exit 3) unless a WARNING or CRITICAL is known, which "
+            "stays, with the data's age. Use it from monitoring. Default: report on whatever is stored (setting diagnose.max_age)."
         ),
     ] = None,
     timeout: Annotated[
-        Optional[str], typer.Option(help="UNKNOWN (exit 3) when the store has not answered within this long (default 10s; setting diagnose.timeout).")
+        Optional[str],
+        typer.Option(help="UNKNOWN (exit 3) when the agent or the store has not answered within this long (default 10s; setting diagnose.timeout)."),
     ] = None,
+    stacks: Annotated[
+        bool,
+        typer.Option("--stacks", help="Also show a py-spy dump of each vLLM server process (asks the agent; its config must allow it: [api] stacks)."),
+    ] = False,
 ) -> None:
-    """Report per GPU what the store shows for a recent window, for the on-call engineer.
+    """The on-call report of one host: verdict and top reasons first, then the findings with
+    what to do, GPUs, health, vLLM servers, processes, trends and data freshness.
 
-    Exit status follows monitoring-plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
-    3 UNKNOWN (host not in the store, no samples, store unreachable or not answering). Reads
-    only: never creates or changes a file (a SQLite store is opened read-only).
+    Without --db the host's agent is asked (HOST:PORT, its /api/v1/diagnose, token from
+    VGPUMON_API_TOKEN or [api] token); when it cannot be reached, the store (setting store.url)
+    answers instead, with a note. With --db only that store is read, for a host whose agent is
+    down. Exit status follows monitoring-plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
+    3 UNKNOWN. Reads only: never creates or changes a file.
+
+    Examples:\n
+      vgpumon diagnose gpu-host-17\n
+      vgpumon diagnose gpu-host-17 --db postgresql+psycopg://monitor@db/fleet --max-age 2m\n
+      vgpumon diagnose localhost --since 6h --stacks
     """
     settings = _settings(
         ctx,
@@ -723,8 +777,61 @@ def diagnose(
             ("diagnose", "timeout"): ("--timeout", timeout),
         },
     )
-    from vgpumon.diagnose import build_report, exit_code, resolve_host, unknown_report
-    from vgpumon.render import render_diagnose
+    from vgpumon.diagnose import exit_code, resolve_host
+    from vgpumon.render import console, print_diagnose
+
+    name, port, _ = _target(host, settings.diagnose.port)
+    rep = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
+    if rep is None or rep.get("source", {}).get("kind") == "unreachable":
+        note = rep["source"]["note"] if rep is not None else None
+        rep = _report_from_store(settings, name, since, note=note, quiet=note is not None)
+        if stacks:
+            rep["stacks_note"] = "--stacks needs the host's agent; this report came from the store"
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2))
+    else:
+        print_diagnose(rep, console())
+    raise typer.Exit(exit_code(rep))
+
+
+def _target(host: str, default_port: int) -> tuple[str, int, bool]:
+    from vgpumon.remote import parse_target
+
+    return parse_target(host, default_port)
+
+
+def _report_from_agent(settings: "Settings", host: str, port: int, since: Optional[str], stacks: bool) -> dict[str, Any]:
+    """The agent's report, or a stand-in saying why there is none: ``source.kind`` is ``agent``,
+    ``refused`` (it answered with an error: UNKNOWN, no fallback — the agent is up) or
+    ``unreachable`` (the caller falls back to the store)."""
+    from vgpumon.config import format_duration
+    from vgpumon.diagnose import resolve_host, unknown_report
+    from vgpumon.remote import AgentRefused, AgentUnreachable, fetch_report
+
+    d, a = settings.diagnose, settings.api
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        rep = fetch_report(
+            host, port, token=a.token.get_secret_value() if a.token is not None else None, timeout=d.timeout,
+            window=format_duration(d.window), since=since, max_age=format_duration(d.max_age) if d.max_age else None, stacks=stacks,
+        )
+    except AgentRefused as exc:
+        rep = unknown_report(resolve_host(host, settings.agent.hostname), f"the agent at {where} refused: {exc} (HTTP {exc.status})")
+        rep["source"] = {"kind": "refused", "where": where}
+        return rep
+    except AgentUnreachable as exc:
+        return {"source": {"kind": "unreachable", "where": where, "note": f"agent at {where} unreachable ({exc})"}}
+    rep["source"] = {"kind": "agent", "where": where}
+    return rep
+
+
+def _report_from_store(settings: "Settings", host: str, since: Optional[str], *, note: str | None, quiet: bool) -> dict[str, Any]:
+    """The report read from the store (``--db``, or the fallback for an unreachable agent).
+
+    ``note`` (why the agent did not answer) goes into the report; ``quiet``: a store that cannot
+    answer either makes the report's one line say both, and nothing goes to stderr."""
+    from vgpumon.diagnose import build_report, parse_since, resolve_host, unknown_report
+    from vgpumon.rules.thresholds import Thresholds
     from vgpumon.store import Store
     from vgpumon.store.engine import describe_store, normalise_url
 
@@ -732,16 +839,15 @@ def diagnose(
     url = settings.store.url
     assert url is not None
     local = settings.agent.hostname
-    from vgpumon.rules.thresholds import Thresholds
-
     thresholds = Thresholds.from_mapping(settings.rules.thresholds)
+    lookback, moment = parse_since(since) if since else (None, None)
+    where = describe_store(normalise_url(url))
 
     def report() -> dict[str, Any]:
         store = Store(url, read_only=True, **_store_kwargs(settings, cap_s=d.timeout))
         try:
-            rep = build_report(
-                store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local, thresholds=thresholds
-            )
+            rep = build_report(store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local,
+                               thresholds=thresholds, since=moment, lookback_seconds=lookback)
             if store.access_note:
                 rep["store_note"] = store.access_note
             return rep
@@ -749,15 +855,96 @@ def diagnose(
             store.close()
 
     try:
-        rep = _within(d.timeout, report, describe_store(normalise_url(url)))
+        rep = _within(d.timeout, report, where)
     except StoreUnavailableError as exc:
-        _echo_err(f"vgpumon: {exc}")
-        rep = unknown_report(resolve_host(host, local), mask_secrets(str(exc)))
-    if as_json:
-        typer.echo(json.dumps(rep, indent=2))
+        message = mask_secrets(str(exc))
+        if not quiet:
+            _echo_err(f"vgpumon: {message}")
+        rep = unknown_report(resolve_host(host, local), f"{note}; {message}" if note else message)
     else:
-        typer.echo(render_diagnose(rep))
-    raise typer.Exit(exit_code(rep))
+        if note is not None and not rep.get("window"):
+            # neither the agent nor the store knows anything: one line says both
+            rep = unknown_report(rep["host"], f"{note}; {rep['findings'][0]['message'] if rep['findings'] else 'no data in ' + where}")
+    rep["source"] = {"kind": "store", "where": mask_secrets(where)}
+    if note is not None and rep.get("window"):
+        rep["source_note"] = f"{note}: reported from the store {mask_secrets(where)} instead"
+    return rep
+
+
+@app.command()
+def capacity(
+    ctx: typer.Context,
+    hosts: Annotated[Optional[list[str]], typer.Argument(help="Hosts as stored (default: every host in the store).", show_default=False)] = None,
+    db: DbOption = None,
+    window: Annotated[str, typer.Option(callback=_duration_param, help="How far back from each host's newest rollup: 7d, 72h, 30d.")] = "7d",
+    add: Annotated[int, typer.Option("--add", min=1, max=64, help="Project the shared links with this many more cards (each with the current per-card load).")] = 2,
+    as_json: JsonOption = False,
+    html: Annotated[
+        Optional[Path],
+        typer.Option("--html", help="Also write plots (load over time per host, headroom bars) to this HTML file (needs the html extra: plotly).", dir_okay=False),
+    ] = None,
+) -> None:
+    """The PCIe headroom review before cards are added: per host and GPU, TX/RX p50/p95/p99/max
+    from the 1-minute rollups against the negotiated and the max link; the cards behind each
+    shared switch or root port and their combined load against its link; and what adding cards
+    with the current per-card load does to it.
+
+    Reads only (a SQLite store is opened read-only). Saturated means a p95 at or above the
+    rules' pcie_saturation_ratio (80 % by default) of the link. docs/capacity.md says how the
+    figures are made.
+
+    Examples:\n
+      vgpumon capacity gpu-host-17 --db postgresql+psycopg://monitor@db/fleet\n
+      vgpumon capacity --window 30d --add 4 --html review.html
+    """
+    settings = _settings(ctx, {("store", "url"): ("--db", db)})
+    from vgpumon.capacity import review
+    from vgpumon.capacity.render import print_review
+    from vgpumon.render import console
+    from vgpumon.rules.thresholds import Thresholds
+
+    if html is not None:
+        try:
+            import plotly  # noqa: F401 - checked before the review runs, not after
+        except ImportError:
+            from vgpumon.capacity.html import PlotlyMissingError
+
+            raise PlotlyMissingError("--html needs plotly: pip install 'vgpumon[html]' (the terminal and --json reviews need nothing more)") from None
+    ratio = Thresholds.from_mapping(settings.rules.thresholds).pcie_saturation_ratio
+    store = _open_for_db(settings, read_only=True)
+    try:
+        wanted = list(hosts or [])
+        count = len(wanted) or len(store.hostnames())
+        err = console(sys.stderr)
+        if count > 1 and err.is_terminal:
+            from rich.progress import Progress
+
+            with Progress(console=err, transient=True) as bar:
+                task = bar.add_task("reviewing hosts", total=count)
+                result = review(store, wanted, window_seconds=window, add_cards=add, saturation_ratio=ratio,  # type: ignore[arg-type]
+                                series=html is not None, progress=lambda _h: bar.advance(task))
+        else:
+            result = review(store, wanted, window_seconds=window, add_cards=add, saturation_ratio=ratio, series=html is not None)  # type: ignore[arg-type]
+    finally:
+        store.close()
+    if html is not None:
+        from vgpumon.capacity.html import write_html
+
+        try:
+            write_html(result, html)
+        except OSError as exc:
+            raise UsageError(f"--html: cannot write {html}: {exc.strerror or exc}") from None
+    for name in result["unknown_hosts"]:
+        _echo_err(f"vgpumon capacity: {name} is not in the store")
+    if as_json:
+        for h in result["hosts"]:  # the plots' series stay in the HTML file
+            for item in (*h["gpus"], *h["shared"]):
+                item.pop("series", None)
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        print_review(result, console())
+        if html is not None:
+            typer.echo(f"plots written to {html}")
 
 
 @config_app.command("show")

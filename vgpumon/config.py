@@ -5,8 +5,8 @@ Precedence, highest first: a command-line flag, then the environment, then the c
 the default. Every value is validated once, here, whatever its origin; an invalid one is reported
 in one line that names where it came from (``--window``, ``VGPUMON_STORE__URL``,
 ``config.toml: [diagnose] window``). Sections (``[store]``, ``[agent]``, ``[vllm]``,
-``[diagnose]``, ``[exporter]``, ``[rules]``) are pydantic models: a new feature adds its own section as one more field of
-``Settings``.
+``[diagnose]``, ``[exporter]``, ``[rules]``, ``[api]``) are pydantic models: a new feature adds
+its own section as one more field of ``Settings``.
 
 Environment variables: ``VGPUMON_<SECTION>__<KEY>`` for every setting (``VGPUMON_STORE__URL``,
 ``VGPUMON_AGENT__INTERVAL``), plus the short names the README documents (``VGPUMON_DB``,
@@ -64,6 +64,7 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
     "VGPUMON_ALERT_WEBHOOKS": ("rules", "webhooks"),
     "VGPUMON_ALERTMANAGERS": ("rules", "alertmanagers"),
     "VGPUMON_VLLM_URLS": ("vllm", "urls"),
+    "VGPUMON_API_TOKEN": ("api", "token"),
 }
 
 # -- durations ----------------------------------------------------------------------------------
@@ -284,7 +285,10 @@ class DiagnoseSettings(_Section):
         None, description="UNKNOWN when the newest sample is older than this (monitoring); default: report on what is stored"
     )
     timeout: Annotated[float, _duration(1, 3600)] = Field(
-        10.0, description="answer UNKNOWN when the store has not answered within this long"
+        10.0, description="answer UNKNOWN when the store or the agent has not answered within this long"
+    )
+    port: int = Field(
+        19400, ge=1, le=65535, description="port of the agent that `diagnose HOST` asks when HOST names none (its /api/v1)"
     )
 
 
@@ -314,6 +318,31 @@ class ExporterSettings(_Section):
         description="the kubelet's pod-resources socket for pod/namespace/container labels; "
         "default /var/lib/kubelet/pod-resources/kubelet.sock where it exists; off to skip",
     )
+
+
+class ApiSettings(_Section):
+    """``[api]``: the agent's read-only HTTP API (``/api/v1/…``, on the ``/metrics`` server) and
+    the token ``diagnose HOST`` sends to it (docs/api.md)."""
+
+    enabled: bool = Field(True, description="serve /api/v1 on the exporter's listen address")
+    token: Optional[SecretStr] = Field(
+        None,
+        description="bearer token: the agent requires it on every /api/v1 request when bound off loopback "
+        "(and whenever it is set); diagnose sends it",
+    )
+    stacks: bool = Field(
+        False, description="let `diagnose --stacks` run py-spy dump on this host's vLLM server processes (needs ptrace rights)"
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, v: Optional[SecretStr]) -> Optional[SecretStr]:
+        if v is not None:
+            text = v.get_secret_value()
+            if not text.strip() or any(c.isspace() or ord(c) < 33 or ord(c) > 126 for c in text):
+                # a header value: printable ASCII without spaces (RFC 6750 b64token)
+                raise ValueError("a token is printable ASCII without spaces")
+        return v
 
 
 def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
@@ -387,6 +416,7 @@ class Settings(BaseSettings):
     diagnose: DiagnoseSettings = Field(default_factory=DiagnoseSettings)
     exporter: ExporterSettings = Field(default_factory=ExporterSettings)
     rules: RulesSettings = Field(default_factory=RulesSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -1,111 +1,449 @@
-"""Human rendering of reports ("N/A (reason)" lives here only; the data stays ``None``).
+"""The on-call report on a terminal (rich): verdict and top reasons first, then the findings, the
+GPUs, health, vLLM servers, processes, trends as sparklines, XIDs and freshness.
 
-Every value is printed by its catalogue entry's display (``vgpumon.catalogue.fmt``), so a field's
-unit and format are decided in one place; a name that is not in the catalogue raises.
+Rendering only: the report is data (``vgpumon.diagnose``), the same that ``--json`` prints and the
+agent's API serves; "N/A (reason)" lives here only. Every value is printed by its catalogue
+entry's display (``vgpumon.catalogue.fmt``), so a field's unit and format are decided in one
+place.
+
+The verdict and its reasons are printed without wrapping, one line each, so that the first lines
+of the output answer the question even in a narrow pager or a monitoring plugin's output field.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import io
+from typing import Any, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from vgpumon import catalogue
+from vgpumon.rules.core import duration
+
+SPARKS = "▁▂▃▄▅▆▇█"
+STYLE = {"critical": "bold red", "warning": "yellow", "unknown": "magenta", "ok": "green", "info": "dim"}
+HEALTH_STYLE = {"FAIL": "bold red", "WARN": "yellow", "PASS": "green", "UNKNOWN": "magenta"}
+#: Width used when the output is not a terminal (a file, a pipe, a monitoring plugin): wide
+#: enough for the GPU table.
+PIPE_WIDTH = 200
 
 
-def _show(name: str, value: Any, reason: str | None = None) -> str:
-    """A ``gpu_samples`` field's value as reports print it."""
-    return catalogue.fmt(("gpu_samples", name), value, reason)
+def sparkline(values: Sequence[float | None], top: float | None = None) -> str:
+    """One character per value, ``▁``…``█`` from 0 to ``top`` (default: the largest value); a
+    space for ``None``. Zero and ``None`` differ: zero is ``▁``."""
+    known = [v for v in values if v is not None]
+    hi = top if top else (max(known) if known else 0.0)
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        elif hi <= 0:
+            out.append(SPARKS[0])
+        else:
+            out.append(SPARKS[min(len(SPARKS) - 1, max(0, int(v / hi * (len(SPARKS) - 1) + 0.5)))])
+    return "".join(out)
 
 
-def _na(reason: str | None) -> str:
-    return catalogue.fmt(("gpu_samples", "up"), None, reason)
+def console(file: Any = None, *, width: int | None = None, color: bool | None = None) -> Console:
+    """A rich console for reports. ``color`` ``None``: colour and width of a terminal when the
+    output is one; otherwise (a file, a pipe, a monitoring plugin) no colour and ``PIPE_WIDTH``
+    columns — not ``$COLUMNS``, which describes a terminal (and is set to 80 in environments
+    that have none, pytest's among them). ``NO_COLOR`` is honoured by rich."""
+    probe = Console(file=file)
+    terminal = probe.is_terminal if color is None else color
+    if width is None and not probe.is_terminal:
+        width = PIPE_WIDTH
+    return Console(file=file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False)
 
 
-def render_diagnose(report: dict[str, Any]) -> str:
-    """Plain-text diagnose report, one block per GPU."""
-    out = [f"host {report['host']}: {report['status'].upper()}"]
-    w = report.get("window")
-    if w:
-        age = report.get("newest_sample_age_seconds")
-        out.append(f"window {w['start']} → {w['end']} ({w['seconds']:.0f} s; newest sample {age:.0f} s old)")
-    for f in report.get("findings", []):
-        out.append(f"  [{f['severity'].upper()}] {f['message']}")
+def _show(table: str | None, name: str, value: Any, reason: str | None = None) -> str:
+    return catalogue.fmt((table, name), value, reason)
+
+
+def _g(name: str, value: Any, reason: str | None = None) -> str:
+    return _show("gpu_samples", name, value, reason)
+
+
+def _pair(name: str, mean: Any, top: Any, reason: str | None) -> str:
+    """``mean / max`` of a field, or one ``N/A (reason)`` when neither is known."""
+    if mean is None and top is None:
+        return _g(name, None, reason)
+    return f"{_g(name, mean, reason)} / {_g(name, top, reason)}"
+
+
+def _rate(name: str, value: Any, share: Any, reason: str | None) -> str:
+    """A PCIe rate with its share of the max link, or ``N/A (reason)``."""
+    if value is None:
+        return _g(name, None, reason)
+    return f"{_g(name, value)} ({_g('sm_active_ratio', share, 'link unknown')})"
+
+
+def _age(seconds: float | None) -> str:
+    return "N/A" if seconds is None else f"{duration(seconds)} ago"
+
+
+def _clock(iso: str | None) -> str:
+    return "?" if not iso else iso[11:19]
+
+
+def _gpu_name(f: dict[str, Any]) -> str:
+    gpu = f.get("gpu")
+    if gpu is not None:
+        return f"GPU {gpu['index']}"
+    subject = f.get("subject") or {}
+    return next((f"{k} {v}" for k, v in subject.items() if k in ("server", "port", "source")), "host")
+
+
+def render_diagnose(report: dict[str, Any], *, width: int | None = None, color: bool = False) -> str:
+    """The report as text (``color``: with ANSI styles, as on a terminal)."""
+    buf = io.StringIO()
+    print_diagnose(report, console(buf, width=width or PIPE_WIDTH, color=color))
+    return buf.getvalue()
+
+
+def print_diagnose(report: dict[str, Any], out: Console) -> None:
+    """Print the report on ``out``, in the order of docs/diagnose.md."""
+    _verdict(report, out)
+    if not report.get("window"):
+        return
+    _findings(report, out)
+    _gpus(report, out)
+    _health(report, out)
+    _servers(report, out)
+    _processes(report, out)
+    _trends(report, out)
+    _xids(report, out)
+    _paths(report, out)
+    _history(report, out)
+    _freshness(report, out)
+    _unknown_rules(report, out)
+
+
+def one_line(report: dict[str, Any]) -> str:
+    """The verdict and its first reason on one line (an unreachable host, a report with no data)."""
+    v = report["verdict"]
+    reason = v["reasons"][0]["headline"] if v["reasons"] else ""
+    return f"{report['status'].upper()} {report['host']}" + (f": {reason}" if reason else "")
+
+
+# -- sections -----------------------------------------------------------------------------------
+
+
+def _verdict(report: dict[str, Any], out: Console) -> None:
+    v = report["verdict"]
+    status = report["status"]
+    if not report.get("window"):
+        out.print(Text(one_line(report), style=STYLE[status]), soft_wrap=True)
+        return
+    counts = ", ".join(f"{n} {s}" for s in ("critical", "warning", "unknown") if (n := v["counts"].get(s)))
+    fresh = report.get("freshness") or {}
+    age = fresh.get("age_seconds")
+    head = Text(f"{status.upper()} ", style=STYLE[status])
+    head.append(f"{report['host']}", style="bold")
+    head.append(f" — {counts or 'nothing to act on'}; data as of {_clock(fresh.get('newest_sample'))} UTC, {_age(age)}")
+    if fresh.get("stale"):
+        head.append(" (STALE: findings are the last known)", style="magenta")
+    if report.get("source"):
+        head.append(f"; from {report['source']['kind']} {report['source']['where']}", style="dim")
+    out.print(head, soft_wrap=True)
+    for f in v["reasons"]:
+        line = Text("  ")
+        line.append(f"{f['severity'].upper():<8} ", style=STYLE[f["severity"]])
+        line.append(f"{_gpu_name(f)}: ", style="bold")
+        line.append(f["headline"])
+        if f.get("next_step"):
+            line.append(f" → {f['next_step']}", style="cyan")
+        out.print(line, soft_wrap=True)
+
+
+def _findings(report: dict[str, Any], out: Console) -> None:
+    findings = report["findings"]
+    if not findings:
+        return
+    major = [f for f in findings if f["severity"] in ("critical", "warning", "unknown")]
+    minor = [f for f in findings if f not in major]
+    out.print()
+    out.print(Text("Findings, most severe first", style="bold underline"))
+    for f in major:
+        head = Text(f"{f['severity'].upper():<8} ", style=STYLE[f["severity"]])
+        head.append(_gpu_name(f), style="bold")
+        if f.get("alert"):
+            head.append(f" · {f['alert']}")
+        if f.get("since"):
+            head.append(f" · since {_clock(f['since'])} UTC" + ("" if f.get("since_exact") else " or earlier"))
+        out.print(head)
+        gpu = f.get("gpu")
+        if gpu is not None:
+            out.print(f"  GPU       {gpu['index']}  {gpu['name'] or 'N/A'}  {gpu['uuid']}  serial {gpu['serial'] or 'N/A'}  bus {gpu['pci_bus_id'] or 'N/A'}")
+        out.print(f"  evidence  {f['message']}")
+        if f.get("xids"):
+            table = Table("XID", "meaning", "NVIDIA", "action", "events (UTC)", box=None, padding=(0, 1), show_edge=False)
+            for x in f["xids"]:
+                table.add_row(str(x["code"]), x["meaning"], x["bucket"], x["action"], ", ".join(_clock(t) for t in x["times"]))
+            out.print(table)
+        elif f.get("meaning"):
+            out.print(f"  means     {f['meaning']}")
+        if f.get("next_step"):
+            out.print(Text(f"  next      {f['next_step']}", style="cyan"))
+        if f.get("runbook_url"):
+            out.print(f"  runbook   {f['runbook_url']}", style="dim")
+    if minor:
+        out.print(Text(f"and {len(minor)} pending or informational:", style="dim"))
+        for f in minor:
+            out.print(Text(f"  {_gpu_name(f)}: {f['message']}", style="dim"))
+
+
+def _gpus(report: dict[str, Any], out: Console) -> None:
+    w = report["window"]
+    t = Table(title=f"GPUs, {duration(w['seconds'])} window to {_clock(w['end'])} UTC (mean / max)", title_justify="left",
+              caption="SM act.: GPM SM activity, the SMs' work; util.: utilization.gpu, the time any kernel or copy ran "
+              "(a host→device copy reads util 100 % with SM act. 0 %). PCIe: share of the max link.",
+              caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for name in ("GPU", "model", "SM act.", "util.", "memory used / total", "PCIe TX max", "PCIe RX max", "max link",
+                 "temp max", "power", "readable"):
+        t.add_column(name, no_wrap=name in ("GPU", "temp max"))
     for g in report["gpus"]:
         u = g["unknown"]
-        out.append("")
-        out.append(f"GPU {g['index']}  {g['name'] or _na('name')}  {g['uuid']}  bus {g['pci_bus_id'] or 'N/A'}")
-        out.append(f"  samples         {g['samples']} ({g['up_samples']} readable)")
-        sm = g["sm_active"]
-        key = "sm_active_ratio" if sm["source"] == "gpm" else "utilization_gpu_ratio"
-        label = "SM activity" if sm["source"] == "gpm" else "GPU util (proxy: no GPM, not SM activity)"
-        out.append(
-            f"  {label:<15} mean {_show(key, sm['mean_ratio'], u.get(key + '.mean'))}"
-            f"  max {_show(key, sm['max_ratio'], u.get(key + '.max'))}"
+        sm, ut, m, p = g["sm_active"], g["utilization"], g["memory"], g["pcie"]
+        lm = p["link_max"]
+        readable = g["readable"]
+        t.add_row(
+            str(g["index"]),
+            g["name"] or "N/A",
+            _pair("sm_active_ratio", sm["mean_ratio"], sm["max_ratio"], u.get("sm_active_ratio.mean")),
+            _pair("utilization_gpu_ratio", ut["mean_ratio"], ut["max_ratio"], u.get("utilization_gpu_ratio.mean")),
+            f"{_g('memory_used_bytes', m['used_last_bytes'], 'no sample')} / {_g('memory_total_bytes', m['total_bytes'])}",
+            _rate("pcie_tx_bytes_per_second", p["tx"]["max_bytes_per_second"], p["tx"]["max_share_of_max_link"], u.get("pcie_tx_bytes_per_second.max")),
+            _rate("pcie_rx_bytes_per_second", p["rx"]["max_bytes_per_second"], p["rx"]["max_share_of_max_link"], u.get("pcie_rx_bytes_per_second.max")),
+            f"Gen{lm['generation'] or '?'} x{lm['width'] or '?'}",
+            _g("temperature_celsius", g["temperature"]["max_celsius"], u.get("temperature_celsius.max")),
+            _pair("power_watts", g["power"]["mean_watts"], g["power"]["max_watts"], u.get("power_watts.mean")),
+            Text("yes", style="green") if readable["now"] else Text(f"NO: {readable['reason']}", style="bold red"),
         )
-        occ = g["sm_occupancy"]
-        out.append(
-            f"  SM occupancy    mean {_show('sm_occupancy_ratio', occ['mean_ratio'], u.get('sm_occupancy_ratio.mean'))}"
-            f"  max {_show('sm_occupancy_ratio', occ['max_ratio'], u.get('sm_occupancy_ratio.max'))}"
+    out.print()
+    out.print(t)
+
+
+def _iso(ts: float | None) -> str | None:
+    from vgpumon.diagnose.findings import iso
+
+    return iso(ts)
+
+
+def _health_note(g: dict[str, Any], area: str) -> str:
+    """The evidence beside an area's status: what an on-call engineer checks first."""
+    u = g["unknown"]
+    if area == "readable":
+        r = g["readable"]
+        return f"{g['up_samples']}/{g['samples']} ticks read" if r["now"] else f"{r['reason']}"
+    if area == "memory":
+        e, rr = g["ecc"], g["remapped_rows"]
+        ecc = (f"ECC uncorr. {_g('ecc_uncorrected_volatile_total', e['uncorrected_volatile'], u.get('ecc.uncorrected_volatile'))} vol."
+               f" / {_g('ecc_uncorrected_aggregate_total', e['uncorrected_aggregate'], 'n/a')} agg.")
+        return ecc + (" · remap pending" if rr["pending"] else "") + (" · remap FAILED" if rr["failure"] else "")
+    if area == "pcie":
+        lc = g["pcie"]["link_current"]
+        return f"now Gen{lc['generation'] or '?'} x{lc['width'] or '?'}"
+    if area == "thermal":
+        return f"max {_g('temperature_celsius', g['temperature']['max_celsius'], 'n/a')}"
+    if area == "power":
+        return f"max {_g('power_watts', g['power']['max_watts'], 'n/a')}"
+    if area == "xid":
+        codes = sorted(g.get("xid_counts", {}), key=int)
+        return ("XID " + ", ".join(codes)) if codes else "no XID"
+    return ""
+
+
+def _health(report: dict[str, Any], out: Console) -> None:
+    gpus = report["gpus"]
+    if not gpus:
+        return
+    areas = list(gpus[0]["health"])
+    t = Table("GPU", *areas, title="Health (DCGM-style)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for g in gpus:
+        cells = []
+        for a in areas:
+            h = g["health"][a]
+            cell = Text(h["status"], style=HEALTH_STYLE[h["status"]])
+            cell.append(f" {_health_note(g, a)}", style="")
+            cells.append(cell)
+        t.add_row(str(g["index"]), *cells)
+    out.print()
+    out.print(t)
+
+
+def _servers(report: dict[str, Any], out: Console) -> None:
+    out.print()
+    if not report["vllm"]:
+        out.print(Text("vLLM servers: none seen in the look-back", style="dim"))
+        return
+    v = "vllm_samples"
+    t = Table("server", "model", "state (since)", "prewarm (GPU activity)", "running / waiting", "KV usage", "KV fragmentation",
+              "GPUs", "pid", title="vLLM servers", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for s in report["vllm"]:
+        t.add_row(
+            s["server"], s["model"] or "N/A",
+            f"{s['state'] or 'N/A'} ({_clock(s['state_since'])})" + (f" — {s['reason']}" if s["state"] in ("dead", "hung", "failed_to_start", "telemetry_down") else ""),
+            _prewarm(s),
+            f"{_show(v, 'running', s['running'], 'n/a')} / {_show(v, 'waiting', s['waiting'], 'n/a')}",
+            _show(v, "kv_cache_usage_ratio", s["kv_cache_usage_ratio"], "n/a"),
+            _fragmentation(s),
+            ", ".join(map(str, s["gpus"])) or "none seen", str(s["pid"] or "N/A"),
         )
-        m = g["memory"]
-        out.append(
-            f"  memory used     last {_show('memory_used_bytes', m['used_last_bytes'], 'no sample')}"
-            f"  max {_show('memory_used_bytes', m['used_max_bytes'], u.get('memory_used_bytes.max'))}"
-            f"  of {_show('memory_total_bytes', m['total_bytes'])}"
-            f"  (driver reserved {_show('memory_reserved_bytes', m['reserved_last_bytes'], 'memory v2 not available')})"
-        )
-        p = g["pcie"]
-        lm, lc = p["link_max"], p["link_current"]
-        cap = lm["capacity_bytes_per_second"]
-        out.append(
-            f"  PCIe link       max Gen{lm['generation'] or '?'} x{lm['width'] or '?'}"
-            f" ({_show('pcie_rx_bytes_per_second', cap, u.get('pcie.link_max'))} per direction)"
-            f"  current Gen{lc['generation'] or '?'} x{lc['width'] or '?'}"
-        )
-        path = p.get("path") or []
-        if len(path) > 1:
-            hops = []
-            for hop in path[1:]:
-                if hop["kind"] == "host_bridge":
-                    hops.append(f"host bridge {hop['bdf']}")
-                    continue
-                lm = hop["link_max"]
-                shared = f", shared with GPU {', '.join(map(str, hop['shared_with_gpus']))}" if hop["shared_with_gpus"] else ""
-                hops.append(f"{hop['kind']} {hop['bdf']} Gen{lm['generation'] or '?'} x{lm['width'] or '?'}{shared}")
-            out.append("  PCIe path       " + " → ".join(hops))
-        for d in ("tx", "rx"):
-            x = p[d]
-            col = f"pcie_{d}_bytes_per_second"
-            out.append(
-                f"  PCIe {d.upper()}         mean {_show(col, x['mean_bytes_per_second'], u.get(col + '.mean'))}"
-                f" ({_show('sm_active_ratio', x['mean_share_of_max_link'], 'n/a')} of max link)"
-                f"  max {_show(col, x['max_bytes_per_second'], u.get(col + '.max'))}"
-                f" ({_show('sm_active_ratio', x['max_share_of_max_link'], 'n/a')})"
-            )
-        e = g["ecc"]
-        out.append(
-            "  ECC             "
-            + "  ".join(f"{k.replace('_', ' ')} {_show(f'ecc_{k}_total', e[k], u.get('ecc.' + k))}" for k in e)
-        )
-        t, pw, ck = g["temperature"], g["power"], g["sm_clock"]
-        out.append(
-            f"  temperature     mean {_show('temperature_celsius', t['mean_celsius'], u.get('temperature_celsius.mean'))}"
-            f"  max {_show('temperature_celsius', t['max_celsius'], u.get('temperature_celsius.max'))}"
-        )
-        out.append(
-            f"  power           mean {_show('power_watts', pw['mean_watts'], u.get('power_watts.mean'))}"
-            f"  max {_show('power_watts', pw['max_watts'], u.get('power_watts.max'))}"
-        )
-        out.append(
-            f"  SM clock        mean {_show('sm_clock_hertz', ck['mean_hertz'], u.get('sm_clock_hertz.mean'))}"
-            f"  max {_show('sm_clock_hertz', ck['max_hertz'], u.get('sm_clock_hertz.max'))}"
-        )
-        for f in g["findings"]:
-            out.append(f"  [{f['severity'].upper()}] {f['message']}")
+    out.print(t)
+    for s in report["vllm"]:
+        for dump in s.get("stacks") or []:
+            out.print(Text(f"py-spy dump of {s['server']} pid {dump['pid']} ({dump.get('role', 'server')}):", style="bold"))
+            if dump.get("error"):
+                out.print(Text(f"  {dump['error']}", style="yellow"))
+            else:
+                out.print(dump["text"].rstrip(), markup=False, highlight=False)
+        if s.get("stacks_note"):
+            out.print(Text(f"stacks of {s['server']}: {s['stacks_note']}", style="yellow"))
+    if report.get("stacks_note"):
+        out.print(Text(f"stacks: {report['stacks_note']}", style="yellow"))
+
+
+def _prewarm(s: dict[str, Any]) -> str:
+    """Prewarm time and the GPU activity during it, or why it is not known."""
+    if s["prewarm_seconds"] is None:
+        return _show("vllm_instances", "prewarm_seconds", None, "start not watched")
+    activity = s["prewarm_gpu_active_ratio"]
+    return _show("vllm_instances", "prewarm_seconds", s["prewarm_seconds"]) + (
+        "" if activity is None else f" (GPU {_show('vllm_instances', 'prewarm_gpu_active_ratio', activity)})")
+
+
+def _fragmentation(s: dict[str, Any]) -> str:
+    """The newest KV fragmentation estimate and its 15-minute mean, or why there is none."""
+    v = "vllm_samples"
+    if s["kv_fragmentation_ratio"] is None and s["kv_fragmentation_mean_ratio"] is None:
+        return _show(v, "kv_fragmentation_ratio", None, "nothing running" if s["running"] == 0 else "not reported")
+    return (f"{_show(v, 'kv_fragmentation_ratio', s['kv_fragmentation_ratio'], 'n/a')}"
+            f" (15 min mean {_show(v, 'kv_fragmentation_ratio', s['kv_fragmentation_mean_ratio'], 'n/a')})")
+
+
+def _processes(report: dict[str, Any], out: Console) -> None:
+    procs = report["processes"]
+    out.print()
+    if not procs:
+        out.print(Text("GPU processes: none recorded in the window (the host source samples them every few ticks)", style="dim"))
+        return
+    t = Table("GPU", "pid", "process", "owner", "container / pod", "GPU memory", title="Processes holding most GPU memory",
+              title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for p in procs:
+        where = p.get("pod") or (p["container_id"][:12] if p.get("container_id") else "not in a container")
+        t.add_row(str(p["gpu"]), str(p["pid"]), p["name"] or "N/A (not resolved)", p["username"] or "N/A", where,
+                  _show("gpu_process_samples", "used_gpu_memory_bytes", p["used_gpu_memory_bytes"], "withheld by the driver"))
+    out.print(t)
+
+
+def _trends(report: dict[str, Any], out: Console) -> None:
+    tr = report.get("trends")
+    if not tr or not tr["gpus"]:
+        return
+    src = "raw samples" if tr["source"] == "raw" else "1-minute rollups"
+    out.print()
+    out.print(Text(f"Trends {_clock(tr['start'])} → {_clock(tr['end'])} UTC ({duration(tr['bucket_seconds'])} a character, from {src})",
+                   style="bold underline"))
+    for g in tr["gpus"]:
+        mem = g["memory_used_bytes"]
+        known = [v for v in mem if v is not None]
+        slope = g["memory_slope_bytes_per_second"]
+        slope_txt = "N/A" if slope is None else f"{slope * 3600 / 1e9:+.2f} GB/h"
+        lo_hi = f"{_g('memory_used_bytes', min(known))} → max {_g('memory_used_bytes', max(known))}" if known else "no readings"
+        out.print(f"GPU {g['index']:<3} memory    {sparkline(mem)}  {lo_hi}; slope {slope_txt}", soft_wrap=True)
+        cap = g["pcie_capacity_bytes_per_second"]
+        both = [max(a or 0.0, b or 0.0) if a is not None or b is not None else None
+                for a, b in zip(g["pcie_tx_p95_bytes_per_second"], g["pcie_rx_p95_bytes_per_second"])]
+        peak = g["pcie_peak"]
+        peak_txt = "no readings" if peak is None else (
+            f"peak {peak['direction'].upper()} {_g('pcie_rx_bytes_per_second', peak['bytes_per_second'])}"
+            f" ({_g('sm_active_ratio', peak['share_of_max_link'], 'n/a')} of the max link) at {_clock(peak['at'])}")
+        out.print(f"        PCIe p95  {sparkline(both, cap)}  {peak_txt} (scale: the max link)", soft_wrap=True)
+
+
+def _xids(report: dict[str, Any], out: Console) -> None:
+    if not report.get("xids"):
+        return
+    t = Table("XID", "mnemonic", "meaning", "NVIDIA bucket", "what to do", "events (GPU @ UTC)",
+              title="XIDs in the look-back (our table of NVIDIA's Xid catalog)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for x in report["xids"]:
+        t.add_row(str(x["code"]), x["mnemonic"] or "—", x["meaning"], x["bucket"], x["action"],
+                  ", ".join(f"GPU {e['gpu']} @ {_clock(e['at'])}" for e in x["events"]))
+    out.print()
+    out.print(t)
+
+
+def _paths(report: dict[str, Any], out: Console) -> None:
+    lines = []
+    for g in report["gpus"]:
+        path = g["pcie"].get("path") or []
+        if len(path) <= 1:
+            continue
+        hops = []
+        for hop in path[1:]:
+            if hop["kind"] == "host_bridge":
+                hops.append(f"host bridge {hop['bdf']}")
+                continue
+            lm = hop["link_max"]
+            shared = f", shared with GPU {', '.join(map(str, hop['shared_with_gpus']))}" if hop["shared_with_gpus"] else ""
+            hops.append(f"{hop['kind']} {hop['bdf']} Gen{lm['generation'] or '?'} x{lm['width'] or '?'}{shared}")
+        lines.append(f"GPU {g['index']}: " + " → ".join(hops))
+    if lines:
+        out.print()
+        out.print(Text("PCIe paths (vgpumon capacity reviews the shared links)", style="bold underline"))
+        for line in lines:
+            out.print(line, soft_wrap=True)
+
+
+def _history(report: dict[str, Any], out: Console) -> None:
+    hist = report.get("alert_history") or []
+    if not hist:
+        return
+    out.print()
+    out.print(Text("Alerts that fired and resolved in the look-back (the agent's)", style="bold underline"))
+    for a in hist:
+        gpu = f"GPU {a['gpu']}" if a.get("gpu") is not None else ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k != "hostname")
+        out.print(f"  {a['severity'].upper():<8} {a['name']} {gpu}: {_clock(_iso(a['fired_at']))} → {_clock(_iso(a['resolved_at']))} UTC — {a['description']}",
+                  soft_wrap=True)
+
+
+def _freshness(report: dict[str, Any], out: Console) -> None:
+    fr = report.get("freshness")
+    if not fr:
+        return
+    names = {"gpu_samples": "GPU samples (NVML)", "host_samples": "host samples", "vllm": "vLLM polls", "rollups": "1-minute rollups"}
+    parts = []
+    for key, item in fr["sources"].items():
+        parts.append(f"{names[key]} {_clock(item['newest']) + ' UTC, ' + _age(item['age_seconds']) if item['newest'] else 'none'}")
+    out.print()
+    line = Text("Data freshness: ", style="bold")
+    line.append("; ".join(parts))
+    if fr.get("max_age_seconds") is not None:
+        line.append(f"; --max-age {duration(fr['max_age_seconds'])}: {'STALE' if fr['stale'] else 'fresh'}",
+                    style="magenta" if fr["stale"] else "")
+    out.print(line)
+    if report.get("store_note"):
+        out.print(f"store {report['store_note']}", style="dim")
+    if report.get("source_note"):
+        out.print(Text(report["source_note"], style="yellow"))
+
+
+def _unknown_rules(report: dict[str, Any], out: Console) -> None:
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for g in report["gpus"]:
         for rule, reason in g.get("rules_unknown", {}).items():
-            out.append(f"  [UNKNOWN RULE] {rule}: {reason}")
+            grouped.setdefault((rule, reason), []).append(str(g["index"]))
     for u in report.get("rules_unknown", []):
-        subject = ", ".join(f"{k}={v}" for k, v in u["labels"].items() if k != "hostname")
-        out.append(f"[UNKNOWN RULE] {u['rule']}{' (' + subject + ')' if subject else ''}: {u['reason']}")
-    if report.get("store_note"):  # e.g. a SQLite store read as an immutable snapshot
-        out += ["", f"store {report['store_note']}"]
-    return "\n".join(out)
+        subject = ", ".join(f"{k}={v}" for k, v in u["labels"].items() if k != "hostname" and v)
+        grouped.setdefault((u["rule"], u["reason"] or ""), []).append(subject or "host")
+    if not grouped:
+        return
+    out.print()
+    out.print(Text("Rules that could not judge (inputs absent; never taken as healthy)", style="dim"))
+    for (rule, reason), who in sorted(grouped.items()):
+        where = f"GPU {', '.join(who)}" if all(w.isdigit() for w in who) else ", ".join(who)
+        out.print(Text(f"  {rule} ({where}): {reason}", style="dim"), soft_wrap=True)

@@ -1,8 +1,9 @@
-"""The agent's HTTP server (aiohttp, on the agent's event loop): ``/metrics`` and ``/healthz``.
+"""The agent's HTTP server (aiohttp, on the agent's event loop): ``/metrics``, ``/healthz`` and the
+read-only API ``/api/v1/…`` (``vgpumon.exporter.api``).
 
-Neither needs a token: both are read-only and hold no secrets. The server binds to loopback unless
-``--listen`` says otherwise. Routes that do need a token (the diagnose API) are added to the same
-``web.Application`` (``MetricsServer.app``) by the code that owns them.
+``/metrics`` and ``/healthz`` need no token: both are read-only and hold no secrets. The server
+binds to loopback unless ``--listen`` says otherwise; off loopback the API asks for a bearer
+token (docs/api.md).
 
 ``/metrics`` is rendered on the event loop from memory (about a millisecond for 8 GPUs and 8 vLLM
 servers, docs/benchmarks.md), as client_python's own aiohttp handler does; it never waits for
@@ -27,6 +28,7 @@ from vgpumon.exporter.text import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from vgpumon.agent import Agent
+    from vgpumon.exporter.api import ApiConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def build_app(exporter: MetricsExporter) -> web.Application:
     async def index(_request: web.Request) -> web.Response:
         return web.Response(
             text="<html><head><title>vgpumon agent</title></head><body><h1>vgpumon agent</h1>"
-            '<p><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a></p></body></html>\n',
+            '<p><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a> · <a href="api/v1">/api/v1</a></p></body></html>\n',
             content_type="text/html",
         )
 
@@ -113,9 +115,14 @@ class MetricsServer:
 
 
 @contextlib.asynccontextmanager
-async def serving(agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | None = None) -> AsyncIterator[MetricsServer | None]:
+async def serving(
+    agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | None = None, api: "ApiConfig | None" = None
+) -> AsyncIterator[MetricsServer | None]:
     """Serve ``/metrics`` for ``agent`` while the block runs (``vgpumon agent`` wraps
     ``agent.run`` in it); yields the server, or ``None`` when serving is off or failed.
+
+    With ``api`` (enabled), the same server also answers ``/api/v1/…`` (``vgpumon.exporter.api``),
+    behind a bearer token when it listens off loopback.
 
     The exporter observes the agent's ticks even when the address cannot be bound: sampling into
     the store is the agent's first job, so a port in use costs ``/metrics`` (one error line),
@@ -129,8 +136,14 @@ async def serving(agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | 
     selection = read_selection(config.metrics_file) if config.metrics_file is not None else None
     exporter = MetricsExporter.for_agent(agent, config, selection=selection, rules=rules)
     server = None
+    agent_api = None
     if address is not None:
         candidate = MetricsServer(exporter, *address)
+        if api is not None and api.enabled:
+            from vgpumon.exporter.api import AgentApi
+
+            agent_api = AgentApi(agent, exporter, api, bound_host=address[0])
+            agent_api.install(candidate.app)
         try:
             await candidate.start()
             server = candidate
@@ -141,3 +154,5 @@ async def serving(agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | 
     finally:
         if server is not None:
             await server.stop()
+        if agent_api is not None:
+            agent_api.close()

@@ -184,6 +184,12 @@ class XidEvent:
     seq: int = 0
 
 
+#: ``HostEvent.detail`` of a ``gpu_down`` event when NVML answered NVML_ERROR_GPU_IS_LOST ("the GPU
+#: has fallen off the bus or has otherwise become inaccessible", nvml.h): the driver's own verdict,
+#: which only a reset or a reboot undoes.
+GPU_LOST_REASON = "GPU is lost"
+
+
 @dataclass(frozen=True, slots=True)
 class HostEvent:
     """Something that happened to the host or one of its GPUs, stored as it happened so that

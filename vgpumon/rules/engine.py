@@ -17,7 +17,7 @@ from vgpumon.errors import StoreUnavailableError
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Finding, Rule
 from vgpumon.rules.thresholds import Thresholds
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import HostView, Prefetch
 from vgpumon.store import Store
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,9 @@ class Engine:
                 times.setdefault(t, []).append(rule)
         book = AlertBook(self.by_name, th)
         findings: list[Finding] = []
+        prefetch = Prefetch(store, min(times), max(times))
         for t in sorted(times):
-            view = HostView(store, hostname, t, active=book.active())
+            view = HostView(store, hostname, t, active=book.active(), prefetch=prefetch)
             findings = self.evaluate(view, times[t])
             book.update(findings, times[t], t)
         return findings, book

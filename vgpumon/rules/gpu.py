@@ -12,6 +12,8 @@ from typing import Iterable
 
 from vgpumon import catalogue
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS
+from vgpumon.catalogue.xid import XIDS
+from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.pcie import link_capacity_bytes_per_second
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, pct, prom, prom_duration
 from vgpumon.rules.thresholds import Thresholds
@@ -27,28 +29,8 @@ CRITICAL_XIDS = (48, 62, 64, 74, 79, 95, 119, 120, 140)
 #: XIDs worth a ticket that never page alone: 94 (contained ECC error; DCGM: warning) and the
 #: memory-class 31, 32, 43, 63 (FACTS §4) — 31 and 43 are mostly raised by application faults.
 WARNING_XIDS = (94, 31, 32, 43, 63)
-#: What an XID means (NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors), for descriptions.
-XID_MEANINGS: dict[int, str] = {
-    13: "graphics engine exception (usually the application)",
-    31: "GPU memory page fault (usually an illegal access by the application)",
-    32: "invalid or corrupted push buffer stream",
-    43: "GPU stopped processing (a channel was reset; usually the application)",
-    45: "preemptive cleanup after earlier errors",
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed to record",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-    154: "GPU recovery action changed (reset or reboot required)",
-}
+#: What an XID means, for descriptions: our table of NVIDIA's Xid catalog (``vgpumon.catalogue.xid``).
+XID_MEANINGS: dict[int, str] = {code: x.meaning for code, x in XIDS.items()}
 _THERMAL_BITS = tuple(b for b, n in CLOCKS_EVENT_REASONS.items() if n in ("sw_thermal_slowdown", "hw_thermal_slowdown"))
 _BRAKE_BITS = tuple(b for b, n in CLOCKS_EVENT_REASONS.items() if n == "hw_power_brake_slowdown")
 
@@ -155,18 +137,41 @@ def _xid_twin(codes: Iterable[int], negate: bool = False) -> "callable":  # type
 # -- readable, lost, missing --------------------------------------------------------------------
 
 
+def down_reasons(view: HostView, th: Thresholds) -> dict[int, str]:
+    """Per GPU unreadable at ``view.at``: the NVML source's newest word on why (``gpu_down`` or
+    ``gpu_wedged`` detail since the GPU went down), or ``"unreadable"`` where it recorded none."""
+    since = view.down_since()
+    out = {gid: "unreadable" for gid in since}
+    for e in view.events(th.missing_lookback_seconds):  # oldest first: the newest word wins
+        gid = e["gpu_id"]
+        if gid in since and e["kind"] in ("gpu_down", "gpu_wedged") and e["ts"] >= since[gid] - 1e-3:
+            out[gid] = e["detail"] or e["kind"]
+    return out
+
+
 def _lost(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
+    """Unreadable now, and either for ``lost_for_seconds`` or with NVML's own "GPU is lost": that
+    answer is the driver's verdict (the GPU fell off the bus or is otherwise inaccessible; only a
+    reset or a reboot undoes it), so waiting a minute adds nothing but a minute."""
     window = th.lost_for_seconds
-    agg = view.window(window, ("ts",), ("min",))
     newest = view.latest(("up",))
+    since = view.down_since()
+    reasons = down_reasons(view, th) if since else {}
     for g in view.gpus:
-        a, last = agg[g.id], newest.get(g.id)
-        if last is None or not a["samples"]:
-            yield _unknown(rule, view, g, f"no samples in the last {duration(window)}")
+        last = newest.get(g.id)
+        if last is None or view.at - last["ts"] > th.missing_after_seconds:
+            # no recent row: nothing says whether it is readable (GpuMissing's case)
+            yield _unknown(rule, view, g, f"no samples in the last {duration(th.missing_after_seconds)}")
             continue
-        down = a["up_samples"] == 0 and not last["up"]
-        yield Finding(rule.name, _labels(view, g), "firing" if down else "ok", None,
-                      {"ticks": a["samples"], "window": duration(window), "since": duration(view.at - a["ts_min"])})
+        began = since.get(g.id)
+        if began is None:
+            yield Finding(rule.name, _labels(view, g), "ok", 0.0, {"window": duration(window)})
+            continue
+        reason = reasons.get(g.id, "unreadable")
+        down_for = view.at - began
+        on = down_for >= window or reason == GPU_LOST_REASON
+        yield Finding(rule.name, _labels(view, g), "firing" if on else "ok", down_for,
+                      {"since": duration(down_for), "reason": reason, "window": duration(window)})
 
 
 def _unreadable(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -531,13 +536,15 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "GpuLost", "critical", "gpu",
         "A GPU stopped answering NVML.",
-        "Every tick of the last {window} found the GPU unreadable ({ticks} ticks): it is lost now.",
-        (f"{G}.up",),
+        "Unreadable for {since} (NVML: {reason}): it is lost now.",
+        (f"{G}.up", "gpu_events"),
         _lost,
         _lost_twin,
         Runbook(
             "NVML answers 'GPU is lost' or similar for this GPU: it fell off the bus, was reset, or its driver state is "
-            "broken. A GPU that falls off the bus may never deliver its XID 79, so this alert stands on its own.",
+            "broken. A GPU that falls off the bus may never deliver its XID 79, so this alert stands on its own. It fires "
+            "once the GPU has been unreadable for a minute, or at once when NVML answers 'GPU is lost' (the driver's own "
+            "verdict, which only a reset or a reboot undoes); the Prometheus twin cannot see NVML's answer and waits the minute.",
             "`nvidia-smi` on the host lists the GPU as lost or errors; `journalctl -k | grep -i -e xid -e NVRM` shows "
             "what the driver saw; `lspci | grep -i nvidia` shows whether the device is still on the bus.",
             "Drain the host's work from it; try `nvidia-smi -r -i <gpu>`, else reboot. If it recurs, reseat the card "

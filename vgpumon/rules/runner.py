@@ -72,6 +72,9 @@ class RuleRunner:
         self._write_exec: Executor | None = None
         self._slopes: dict[str, float] = {}
         self._published: list[AlertSample] = []
+        self._published_alerts: list[dict[str, object]] = []
+        #: data time of the newest evaluation (``None`` before the first)
+        self.evaluated_at: float | None = None
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules", initializer=name_os_thread)
         self._task: asyncio.Task[None] | None = None
         self._last_poke: float | None = None
@@ -134,14 +137,19 @@ class RuleRunner:
         on the event loop at each scrape)."""
         return self._published
 
+    def open_alerts(self) -> list[dict[str, object]]:
+        """Alerts pending or firing as of the newest cycle, whole (``Alert.as_dict``: description,
+        since, runbook), as the agent's ``/api/v1/alerts`` serves them; published with
+        ``alerts``, no evaluation or store query."""
+        return self._published_alerts
+
     def _publish(self) -> None:
         from vgpumon.exporter.feed import AlertSample
 
-        self._published = [
-            AlertSample(alertname=a.name, severity=a.severity, state=a.state, labels=dict(a.labels))
-            for a in self.book.open()
-            if a.state in ("pending", "firing")
-        ]
+        open_ = [a for a in self.book.open() if a.state in ("pending", "firing")]
+        # each a new list, assigned once: read by the event loop's thread
+        self._published = [AlertSample(alertname=a.name, severity=a.severity, state=a.state, labels=dict(a.labels)) for a in open_]
+        self._published_alerts = [a.as_dict() for a in open_]
 
     def memory_slopes(self) -> dict[str, float]:
         """GPU UUID → the memory-leak rule's newest Theil–Sen slope, bytes per second."""
@@ -190,6 +198,7 @@ class RuleRunner:
             total.notify += ch.notify
             self.evaluations += 1
         self._last_at = newest
+        self.evaluated_at = newest
         self._publish()
         # an alert dropped after it was saved in this cycle is never stored
         total.saved = [a for a in total.saved if a.id is not None or all(a is not d for d in total.dropped)]

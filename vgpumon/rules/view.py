@@ -7,10 +7,19 @@ read is made once per evaluation however many rules need it.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Sequence
 
+from vgpumon import catalogue
 from vgpumon.model import fingerprint
 from vgpumon.store import Store, StoredGpu
+from vgpumon.store.rollup import percentile
+
+
+#: Columns whose newest value is read for every GPU at once, the first time any is asked for: the
+#: catalogue's ``last``/``cumulative`` columns (what ``diagnose`` shows, and what the latched rules
+#: read one by one).
+LAST_READ = tuple(f.name for f in catalogue.fields_of("gpu_samples") if {"last", "cumulative"} & set(f.diagnose))
 
 
 class HostView:
@@ -24,14 +33,17 @@ class HostView:
             replay or a post-mortem is not silent because it is old).
         active: fingerprints of the alerts now pending or firing: a rule clears at a lower
             threshold than it fires at while its alert is active (hysteresis).
+        prefetch: reads shared by views of several evaluation times (``Prefetch``).
     """
 
-    def __init__(self, store: Store, hostname: str, at: float, *, wall: float | None = None, active: frozenset[str] = frozenset()) -> None:
+    def __init__(self, store: Store, hostname: str, at: float, *, wall: float | None = None, active: frozenset[str] = frozenset(),
+                 prefetch: "Prefetch | None" = None) -> None:
         self.store = store
         self.hostname = hostname
         self.at = at
         self.wall = at if wall is None else wall
         self.active = active
+        self.prefetch = prefetch
         self._cache: dict[Any, Any] = {}
 
     def _memo(self, key: Any, load: Callable[[], Any]) -> Any:
@@ -63,24 +75,81 @@ class HostView:
 
     def last_values(self, gpu_id: int, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
         """Newest non-NULL value of each column at or before ``at`` (counters and latched flags
-        the slow set reads every few ticks)."""
-        return self._memo(("last", gpu_id, tuple(columns)), lambda: self.store.last_values(gpu_id, self.at, columns))
+        the slow set reads every few ticks). Read for every GPU of the host at once, the first
+        time a column is asked for (``Store.last_values_many``)."""
+        cache: dict[str, dict[int, tuple[float, Any] | None]] = self._cache.setdefault("last", {})
+        missing = [c for c in columns if c not in cache]
+        if missing:
+            # the slow-set counters and flags the rules and the report read, in one query
+            missing = list(dict.fromkeys([*missing, *(c for c in LAST_READ if c not in cache)]))
+            found = self.store.last_values_many([g.id for g in self.gpus], self.at, missing)
+            for c in missing:
+                cache[c] = {gid: values[c] for gid, values in found.items()}
+        return {c: cache[c].get(gpu_id) for c in columns}
+
+    def down_since(self) -> dict[int, float]:
+        """Per GPU unreadable at ``at``, since when it has been (``Store.down_since``)."""
+        ids = [g.id for g in self.gpus]
+        return self._memo("down_since", lambda: self.store.down_since(ids, self.at))
 
     def percentiles(self, gpu_id: int, seconds: float, columns: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[float, float | None]]:
+        """Percentiles of raw values of one GPU over ``[at − seconds, at]`` (linear
+        interpolation between closest ranks, NULLs ignored: ``Store.window_percentiles``)."""
+        if self.prefetch is not None:
+            rows = self.series(gpu_id, seconds, columns)
+            out: dict[str, dict[float, float | None]] = {}
+            for c in columns:
+                values = sorted(r[c] for r in rows if r[c] is not None)
+                out[c] = {q: percentile(values, q) if values else None for q in quantiles}
+            return out
         key = ("pct", gpu_id, seconds, tuple(columns), tuple(quantiles))
         return self._memo(key, lambda: self.store.window_percentiles(gpu_id, self.at - seconds, self.at, columns, quantiles))
 
     def series(self, gpu_id: int, seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Raw rows (``ts`` and the columns) of one GPU over ``[at − seconds, at]``, oldest first."""
+        if self.prefetch is not None:
+            return self.prefetch.raw([g.id for g in self.gpus], gpu_id, self.at - seconds, self.at, columns)
         key = ("series", gpu_id, seconds, tuple(columns))
         return self._memo(key, lambda: self.store.series(gpu_id, self.at - seconds, self.at, columns))
 
     def summed(self, gpu_ids: Sequence[int], seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Per tick, the columns summed over ``gpu_ids`` (``Store.summed_series``: ``ts``, ``gpus``
+        with a row, each column's sum or ``None`` when every GPU's value is NULL)."""
+        if self.prefetch is not None:
+            per_gpu = [self.series(gid, seconds, columns) for gid in gpu_ids]
+            per_gpu = [rows for rows in per_gpu if rows]
+            times = [[r["ts"] for r in rows] for rows in per_gpu]
+            if per_gpu and all(t == times[0] for t in times):
+                # the usual case (every GPU of a tick carries the tick's time): add column-wise
+                out = []
+                for k, t in enumerate(times[0]):
+                    row: dict[str, Any] = {"ts": t, "gpus": len(per_gpu)}
+                    for c in columns:
+                        vals = [rows[k][c] for rows in per_gpu if rows[k][c] is not None]
+                        row[c] = sum(vals) if vals else None
+                    out.append(row)
+                return out
+            ticks: dict[float, dict[str, Any]] = {}
+            for rows in per_gpu:
+                for r in rows:
+                    t = ticks.setdefault(r["ts"], {"ts": r["ts"], "gpus": 0, **{c: None for c in columns}})
+                    t["gpus"] += 1
+                    for c in columns:
+                        if r[c] is not None:
+                            t[c] = r[c] if t[c] is None else t[c] + r[c]
+            return [ticks[t] for t in sorted(ticks)]
         key = ("summed", tuple(gpu_ids), seconds, tuple(columns))
         return self._memo(key, lambda: self.store.summed_series(gpu_ids, self.at - seconds, self.at, columns))
 
     def rollups(self, gpu_id: int, seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
-        key = ("rollups", gpu_id, seconds, tuple(columns))
-        return self._memo(key, lambda: self.store.rollup_series(gpu_id, self.at - seconds, self.at, columns))
+        """1-minute rollups of one GPU over ``[at − seconds, at]``, oldest first (for all GPUs in one
+        query; through ``prefetch`` when the view has one)."""
+        if self.prefetch is not None:
+            return self.prefetch.rollups([g.id for g in self.gpus], gpu_id, self.at - seconds, self.at, columns)
+        key = ("rollups", seconds, tuple(columns))
+        ids = [g.id for g in self.gpus]
+        rows = self._memo(key, lambda: self.store.rollup_series_many(ids, self.at - seconds, self.at, columns))
+        return rows.get(gpu_id, [])
 
     def xids(self, seconds: float) -> list[tuple[float, int, int]]:
         return self._memo(("xids", seconds), lambda: self.store.host_xid_events(self.hostname, self.at - seconds, self.at))
@@ -90,6 +159,8 @@ class HostView:
 
     def process_memory(self, seconds: float) -> list[dict[str, Any]]:
         ids = [g.id for g in self.gpus]
+        if self.prefetch is not None:
+            return self.prefetch.process_memory(ids, self.at - seconds, self.at)
         return self._memo(("procmem", seconds), lambda: self.store.process_memory_series(ids, self.at - seconds, self.at))
 
     def rejections(self, seconds: float) -> dict[str, dict[str, tuple[int, str]]]:
@@ -126,3 +197,55 @@ class HostView:
 
     def vllm_gpu_map(self, instance_id: int) -> list[dict[str, Any]]:
         return self._memo(("vllm_g", instance_id), lambda: self._vllm.gpu_map(instance_id))
+
+
+class Prefetch:
+    """Long reads shared by the views of several evaluation times: ``diagnose`` evaluates a rule
+    with a ``for`` at up to six times (``Engine.evaluate_window``), and the leak rules read 6 h of
+    rollups and process memory at each. The first read covers every evaluation time at once, the
+    others slice it; raw rows likewise (the PCIe, thermal and replay rules). docs/benchmarks.md
+    has the figures.
+
+    Args:
+        store: the store.
+        first_at, last_at: the earliest and the latest evaluation time.
+    """
+
+    def __init__(self, store: Store, first_at: float, last_at: float) -> None:
+        self.store = store
+        self.first_at, self.last_at = first_at, last_at
+        self._rollups: dict[tuple[str, ...], Any] = {}
+        self._raw: dict[tuple[str, ...], Any] = {}
+        self._procmem: tuple[float, float, list[dict[str, Any]]] | None = None
+
+    def _span(self, start: float, end: float) -> tuple[float, float]:
+        # views come in time order: the first request of a kind is its earliest; reading on to the
+        # last evaluation time covers every later one (reading back to the first evaluation time
+        # of any rule would read an hour of raw rows for a 10-minute window)
+        return start, max(end, self.last_at)
+
+    def _slice(self, cache: dict[Any, Any], key: Any, fetch: Callable[[float, float], dict[int, list[dict[str, Any]]]],
+               gpu_id: int, start: float, end: float) -> list[dict[str, Any]]:
+        have = cache.get(key)
+        if have is None or start < have[0] or end > have[1]:
+            lo, hi = self._span(start, end)
+            rows = fetch(lo, hi)
+            have = cache[key] = (lo, hi, {g: (rs, [r["ts"] for r in rs]) for g, rs in rows.items()})
+        rows, times = have[2].get(gpu_id, ([], []))
+        return rows[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]
+
+    def rollups(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """1-minute rollups of one GPU over ``[start, end]`` (read for all GPUs and times at once)."""
+        return self._slice(self._rollups, tuple(columns), lambda lo, hi: self.store.rollup_series_many(gpu_ids, lo, hi, columns),
+                           gpu_id, start, end)
+
+    def raw(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Raw rows of one GPU over ``[start, end]`` (read for all GPUs and times at once)."""
+        return self._slice(self._raw, tuple(columns), lambda lo, hi: self.store.series_many(gpu_ids, lo, hi, columns),
+                           gpu_id, start, end)
+
+    def process_memory(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+        if self._procmem is None or start < self._procmem[0] or end > self._procmem[1]:  # noqa: SIM102
+            lo, hi = self._span(start, end)
+            self._procmem = (lo, hi, self.store.process_memory_series(gpu_ids, lo, hi))
+        return [r for r in self._procmem[2] if start <= r["ts"] <= end]

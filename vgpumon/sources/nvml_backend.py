@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from vgpumon.errors import CaptureFormatError
+from vgpumon.model.gpu import GPU_LOST_REASON
 
 CAPTURE_FORMAT_VERSION = 1
 
@@ -76,7 +77,7 @@ ERROR_NAMES: dict[int, str] = {
     NVML_ERROR_TIMEOUT: "timeout",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library (libnvidia-ml.so.1) not found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "function not found in this driver",
-    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_GPU_IS_LOST: GPU_LOST_REASON,
     NVML_ERROR_RESET_REQUIRED: "GPU requires reset",
     NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML library / kernel driver version mismatch",
     NVML_ERROR_DEPRECATED: "deprecated",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Connection, Engine, and_, bindparam, case, func, select, text, type_coerce
+from sqlalchemy import BigInteger, Connection, Engine, and_, bindparam, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
@@ -29,6 +29,7 @@ from vgpumon.store.schema import (
     PcieLink,
     Process,
     RejectedValue,
+    RollupWatermark,
     XidEvent,
     gpu_samples_1m,
 )
@@ -91,6 +92,28 @@ def _insert(dialect: str, table: Any) -> Any:
 def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
     """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
     return _insert(dialect, table).on_conflict_do_nothing()
+
+
+def _rollup_of_last(column: str) -> str | None:
+    """The rollup column that holds a raw column's newest value for a minute: its ``last``
+    (counters), ``any`` (latched flags) or ``max`` (gauges such as the link generation); ``None``
+    when it has none of them."""
+    from vgpumon.store.schema import ROLLUP_SPEC, rollup_column_name
+
+    aggs = ROLLUP_SPEC.get(column, ())
+    for agg in ("last", "any", "max"):
+        if agg in aggs:
+            return rollup_column_name(column, agg)
+    return None
+
+
+def decode_rollup(column: str, value: Any) -> Any:
+    """A ``gpu_samples_1m`` value read with ``raw=True`` (the stored integer) in base units."""
+    if value is None:
+        return None
+    col_type = _ROLLUPS.c[column].type
+    decode = getattr(col_type, "process_result_value", None)
+    return decode(value, None) if decode is not None else value
 
 
 @dataclass(frozen=True)
@@ -764,22 +787,63 @@ class Store:
             raise self._fail(exc) from None
         return out
 
+    #: How far back raw rows are read for a newest value (``last_values``): the slow set reads
+    #: every 10 ticks; an older value is taken from the rollups (which trail by minutes: a value
+    #: read only in that gap is found in the rollups once they catch up).
+    LAST_RAW_SECONDS = 120.0
+    #: How far back the rollups are searched beyond that: a counter last read more than a week
+    #: before the report's end is not "the current count"; searching further would scan months of
+    #: a column the GPU never reports (SQLite cannot stop early on ``IS NOT NULL``).
+    LAST_ROLLUP_SECONDS = 7 * 86400.0
+
     def last_values(self, gpu_id: int, end: float, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
-        """Newest non-NULL value of each column at or before ``end`` for one GPU.
+        """Newest non-NULL value of each column at or before ``end`` for one GPU
+        (``last_values_many`` for one GPU)."""
+        return self.last_values_many([gpu_id], end, columns)[gpu_id]
+
+    def last_values_many(self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]:
+        """Newest non-NULL value of each column at or before ``end``, per GPU.
+
+        One query over the raw rows of the last ``LAST_RAW_SECONDS`` for all GPUs; a column
+        without a value there is looked up in the 1-minute rollups of the ``LAST_ROLLUP_SECONDS``
+        before (its ``last``, ``any`` or ``max`` aggregate, the minute's start as its time) with one
+        scan per GPU. Per-column seeks on raw rows used to scan the whole history of a column a
+        GPU never reports: 2.2 s of a 2.5 s report on 72 h of 8 GPUs (docs/benchmarks.md).
 
         Returns:
-            column → ``(ts, value)``, or ``None`` when the column was never stored.
+            ``gpu_id`` → column → ``(ts, value)`` in base units, or ``None`` when not found.
         """
         c = _SAMPLES.c
-        out: dict[str, tuple[float, Any] | None] = {}
+        out: dict[int, dict[str, tuple[float, Any] | None]] = {g: {n: None for n in columns} for g in gpu_ids}
+        if not gpu_ids or not columns:
+            return out
         try:
             with self.engine.connect() as conn:
-                for name in columns:
-                    stmt = self._stmt(("last_value", name), lambda: select(c.ts, c[name])
-                                      .where(and_(c.gpu_id == bindparam("gid"), c.ts <= bindparam("end"), c[name].is_not(None)))
-                                      .order_by(c.ts.desc()).limit(1))
-                    row = conn.execute(stmt, {"gid": gpu_id, "end": end}).first()
-                    out[name] = (row[0], row[1]) if row else None
+                rows = conn.execute(
+                    select(c.gpu_id, c.ts, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= end - self.LAST_RAW_SECONDS, c.ts <= end))
+                    .order_by(c.gpu_id, c.ts.desc())
+                ).all()
+                for r in rows:
+                    found = out[r[0]]
+                    for i, n in enumerate(columns):
+                        if found[n] is None and r[2 + i] is not None:
+                            found[n] = (r[1], r[2 + i])
+                rc = _ROLLUPS.c
+                for gid in gpu_ids:
+                    missing = {n: _rollup_of_last(n) for n, v in out[gid].items() if v is None}
+                    missing = {n: col for n, col in missing.items() if col is not None}
+                    if not missing:
+                        continue
+                    where = and_(rc.gpu_id == gid, rc.ts >= end - self.LAST_RAW_SECONDS - self.LAST_ROLLUP_SECONDS, rc.ts <= end)
+                    newest = conn.execute(
+                        select(*(type_coerce(func.max(case((rc[col].is_not(None), rc.ts))), rc.ts.type).label(n) for n, col in missing.items()))
+                        .where(where)
+                    ).one()
+                    for n, col in missing.items():
+                        ts = getattr(newest, n)
+                        if ts is not None:
+                            out[gid][n] = (ts, conn.scalar(select(rc[col]).where(and_(rc.gpu_id == gid, rc.ts == ts))))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return out
@@ -822,6 +886,38 @@ class Store:
                     row = conn.execute(stmt, params).mappings().first()
                     if row is not None:
                         out[gid] = dict(row)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def down_since(self, gpu_ids: Sequence[int], at: float) -> dict[int, float]:
+        """For each GPU whose newest row at or before ``at`` is unreadable (``up`` false), the
+        time of the first unreadable row since its newest readable one: how long it has been
+        down now. GPUs readable at ``at``, or without rows, are absent.
+
+        Two primary-key seeks per GPU that is down (newest readable row, then the row after
+        it); a GPU that is up costs one.
+
+        Returns:
+            ``gpu_id`` → epoch seconds.
+        """
+        c = _SAMPLES.c
+        out: dict[int, float] = {}
+        try:
+            with self.engine.connect() as conn:
+                for gid in gpu_ids:
+                    newest = conn.execute(
+                        select(c.ts, c.up).where(and_(c.gpu_id == gid, c.ts <= at)).order_by(c.ts.desc()).limit(1)
+                    ).first()
+                    if newest is None or newest[1]:
+                        continue
+                    last_up = conn.scalar(
+                        select(c.ts).where(and_(c.gpu_id == gid, c.ts <= at, c.up)).order_by(c.ts.desc()).limit(1)
+                    )
+                    first = select(c.ts).where(c.gpu_id == gid).order_by(c.ts).limit(1)
+                    if last_up is not None:
+                        first = first.where(c.ts > last_up)
+                    out[gid] = conn.scalar(first)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return out
@@ -888,6 +984,141 @@ class Store:
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return [dict(r) for r in rows]
+
+    def series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
+        """``series`` for many GPUs in one query (the report's trends).
+
+        Returns:
+            ``gpu_id`` → rows of ``ts`` and the columns, oldest first (base units); every GPU of
+            ``gpu_ids`` is a key, with ``[]`` when it has no rows.
+        """
+        c = _SAMPLES.c
+        out: dict[int, list[dict[str, Any]]] = {g: [] for g in gpu_ids}
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(c.gpu_id, c.ts, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= start, c.ts <= end))
+                    .order_by(c.gpu_id, c.ts)
+                ).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        names = ("ts", *columns)
+        for r in rows:  # plain tuples zipped into dicts: half the time of RowMapping copies
+            out[r[0]].append(dict(zip(names, r[1:])))
+        return out
+
+    def rollup_series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
+        """``rollup_series`` for many GPUs in one query (trends over days).
+
+        Returns:
+            ``gpu_id`` → rows of ``ts``, ``samples`` and the columns, oldest first (base units);
+            every GPU of ``gpu_ids`` is a key.
+        """
+        c = _ROLLUPS.c
+        out: dict[int, list[dict[str, Any]]] = {g: [] for g in gpu_ids}
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(c.gpu_id, c.ts, c.samples, *(c[n] for n in columns))
+                    .where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= start, c.ts <= end)).order_by(c.gpu_id, c.ts)
+                ).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        names = ["ts", "samples", *columns]
+        for r in rows:
+            out[r[0]].append(dict(zip(names, r[1:])))
+        return out
+
+    def rollup_columns(
+        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str], *, summed: bool = False
+    ) -> dict[Any, dict[str, tuple[Any, ...]]]:
+        """1-minute rollups as stored integers, by column (``vgpumon capacity``: 16 hosts × 72 h
+        are 550 000 rows, and decoding every value, or making a dict of every row, costs more
+        than the query; decode the figures kept with ``decode_rollup``).
+
+        Args:
+            columns: rollup columns.
+            summed: one series for all ``gpu_ids``: per minute, each column summed over the GPUs
+                that have a row (SQL ``GROUP BY ts``; a shared PCIe port's load).
+
+        Returns:
+            ``gpu_id`` (or ``"sum"`` when ``summed``) → column → the minute values oldest first,
+            ``ts`` among them in epoch ms; ``None`` where NULL (a sum is NULL only when every GPU's
+            value is). Every GPU of ``gpu_ids`` is a key when not ``summed``.
+        """
+        c = _ROLLUPS.c
+        ts = type_coerce(c.ts, BigInteger)
+        lo, hi = int(start * 1000), int(end * 1000)
+        where = and_(c.gpu_id.in_(list(gpu_ids)), ts >= lo, ts <= hi)
+        names = ["ts", *columns]
+        try:
+            with self.engine.connect() as conn:
+                if summed:
+                    sums = [type_coerce(func.sum(type_coerce(c[n], BigInteger)), BigInteger) for n in columns]
+                    rows = conn.execute(select(ts, *sums).where(where).group_by(c.ts).order_by(c.ts)).cursor.fetchall()
+                    return {"sum": dict(zip(names, zip(*rows))) if rows else {n: () for n in names}}
+                # the driver's own tuples: every column is a plain integer, nothing to convert, and
+                # SQLAlchemy's rows would cost as much as the query (docs/benchmarks.md)
+                rows = conn.execute(
+                    select(c.gpu_id, ts, *(type_coerce(c[n], BigInteger) for n in columns)).where(where).order_by(c.gpu_id, c.ts)
+                ).cursor.fetchall()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        by_gpu: dict[Any, list[Any]] = {g: [] for g in gpu_ids}
+        for r in rows:
+            by_gpu[r[0]].append(r[1:])
+        return {g: (dict(zip(names, zip(*rs))) if rs else {n: () for n in names}) for g, rs in by_gpu.items()}
+
+    def process_holdings(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+        """The processes holding memory on these GPUs at the newest process sample in
+        ``[start, end]`` (the host source records them every few ticks), with their owner.
+
+        Returns:
+            One dict per (GPU, process): ``gpu_id``, ``ts``, ``pid``, ``start_time``, ``name``,
+            ``cmdline``, ``username``, ``container_id``, ``resolved``, ``used_gpu_memory_bytes``
+            (``None`` where the driver withheld it), ``rss_bytes``; largest memory first.
+        """
+        s = GpuProcessSample.__table__.c
+        p = Process.__table__.c
+        where = and_(s.gpu_id.in_(list(gpu_ids)), s.ts >= start, s.ts <= end)
+        try:
+            with self.engine.connect() as conn:
+                newest = conn.scalar(select(type_coerce(func.max(s.ts), BigInteger)).where(where))  # raw epoch ms
+                if newest is None:
+                    return []
+                rows = conn.execute(
+                    select(s.gpu_id, s.ts, p.pid, p.start_time, p.name, p.cmdline, p.username, p.container_id, p.resolved,
+                           s.used_gpu_memory_bytes, s.rss_bytes)
+                    .join(Process.__table__, p.id == s.process_id)
+                    .where(and_(s.gpu_id.in_(list(gpu_ids)), s.ts == type_coerce(newest, BigInteger)))
+                ).mappings().all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return sorted((dict(r) for r in rows), key=lambda r: -(r["used_gpu_memory_bytes"] or 0))
+
+    def newest_rollup_ts(self, gpu_ids: Sequence[int]) -> float | None:
+        """Start (epoch seconds) of the newest 1-minute rollup of these GPUs; ``None`` without one."""
+        if not gpu_ids:
+            return None
+        c = _ROLLUPS.c
+        try:
+            with self.engine.connect() as conn:
+                return conn.scalar(select(type_coerce(func.max(c.ts), c.ts.type)).where(c.gpu_id.in_(list(gpu_ids))))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+
+    def rollup_watermark(self, gpu_ids: Sequence[int]) -> float | None:
+        """The oldest ``rolled_until`` of these GPUs (epoch seconds): every minute before it is in
+        ``gpu_samples_1m``; ``None`` when none of them was rolled up yet."""
+        if not gpu_ids:
+            return None
+        c = RollupWatermark.__table__.c
+        try:
+            with self.engine.connect() as conn:
+                return conn.scalar(select(type_coerce(func.min(c.rolled_until), c.rolled_until.type)).where(c.gpu_id.in_(list(gpu_ids))))
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
 
     def table_stats(self) -> list[dict[str, Any]]:
         """Rows, bytes on disk, oldest and newest ``ts`` of each time table (``vgpumon db stats``).

@@ -17,6 +17,8 @@ of the transformations below, so every value a test sees was once answered by a 
 * ``retime(factor)`` — the ticks' timestamps (and the XID times in them) moved closer together
   (``factor`` < 1) or further apart around the first tick: the same readings at another pace, for
   replays at recorded pace.
+* ``shift(seconds)`` — every timestamp (and the XID times) moved by ``seconds``: the same run,
+  ending at another moment (data an hour old).
 * ``delay_call(scope, fn, seconds, ticks=...)`` — the call answers as recorded but takes
   ``seconds`` (a wedged driver call: the failure that makes other exporters hang); replay blocks
   that long.
@@ -187,6 +189,22 @@ def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[st
             yield {**tick, "ts": at(tick["ts"]) if tick["ts"] is not None else None, "calls": calls}
 
     return {**header, "derived": f"{header.get('derived', '')} retime({factor})".strip()}, _Lazy(make)
+
+
+def shift(header: dict[str, Any], ticks: Ticks, seconds: float) -> tuple[dict[str, Any], Ticks]:
+    """Every tick's timestamp (and the XID event times it carries) moved by ``seconds``: a
+    capture made to end at a chosen moment (data an hour old for the freshness tests)."""
+
+    def make() -> Iterator[dict[str, Any]]:
+        for tick in ticks:
+            calls = []
+            for scope, fn, args, kwargs, outcome in tick["calls"]:
+                if fn == "xid_poll" and isinstance(outcome.get("v"), list):
+                    outcome = {"v": [{**e, "ts": e["ts"] + seconds} for e in outcome["v"]]}
+                calls.append([scope, fn, args, kwargs, outcome])
+            yield {**tick, "ts": tick["ts"] + seconds if tick["ts"] is not None else None, "calls": calls}
+
+    return {**header, "derived": f"{header.get('derived', '')} shift({seconds:+.0f} s)".strip()}, _Lazy(make)
 
 
 def set_call(

@@ -205,6 +205,12 @@ class VllmSource:
         """(host, port) → the latest sample of each server being tracked."""
         return {k: s.last for k, s in self._servers.items()}
 
+    def discovered(self) -> dict[str, VllmProcess]:
+        """Base URL → the process of each server found in the process table, as last discovered
+        (static targets, whose processes the agent cannot see, are left out): the PIDs
+        ``diagnose --stacks`` may dump, and no others."""
+        return {s.identity.url: s.process for s in self._servers.values() if s.process is not None}
+
     async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 

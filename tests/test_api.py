@@ -1,0 +1,218 @@
+"""The agent's read-only API on its ``/metrics`` server, and ``vgpumon diagnose HOST`` reading it: a
+real agent replaying the recorded H200 capture serves the report (the H200, its copy phase, its
+allocation growth, OK); off loopback every ``/api/v1`` request needs the bearer token while
+``/metrics`` and ``/healthz`` stay open; the stacks of a discovered vLLM process come from py-spy,
+and each way py-spy can fail is one clear line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from api_support import ServingAgent, get
+from conftest import H200_CAPTURE, H200_PHASES, phase
+from vllm_support import ServerThread, shared_dir
+
+from vgpumon.exporter.api import ApiConfig, is_loopback
+from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.vllm import VllmSource
+from vgpumon.sources.vllm.discovery import VllmProcess
+from vgpumon.stacks import dump
+from vgpumon.testing import scenarios
+from vgpumon.testing.vllm import FakeVllmServer
+
+VGPUMON = [sys.executable, "-m", "vgpumon"]
+TOKEN = "k7Qw-3vZ9_secret"
+
+
+def diagnose(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
+    return subprocess.run(VGPUMON + ["diagnose", *args], capture_output=True, text=True, timeout=120, env={**clean, **(env or {})})
+
+
+def test_diagnose_reads_an_agent_replaying_the_h200(tmp_path):
+    """Acceptance: the report from the agent's API names the H200, finds its PCIe copy phase and
+    shows its allocation growth in the memory sparkline, with the verdict OK (the memory was freed)."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with ServingAgent(url, ReplayBackend(H200_CAPTURE)) as agent:
+        out = diagnose(f"127.0.0.1:{agent.port}", "--json")
+        text = diagnose(f"127.0.0.1:{agent.port}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["status"] == "ok" and rep["source"] == {"kind": "agent", "where": f"127.0.0.1:{agent.port}"}
+    assert rep["host"] == "h200-agent" and rep["freshness"]["agent"]["last_tick_age_seconds"] is not None
+    (gpu,) = rep["gpus"]
+    assert gpu["name"] == "NVIDIA H200"
+    (trend,) = rep["trends"]["gpus"]
+    copy, growth, end = phase("h2d_copy"), phase("growth"), phase("idle_end")
+    peak = trend["pcie_peak"]
+    assert peak["direction"] == "rx" and copy["start"] - 2 <= peak["at_ts"] <= copy["end"] and peak["share_of_max_link"] > 0.85
+    t0, width = rep["trends"]["start_ts"], rep["trends"]["bucket_seconds"]
+    mem = trend["memory_used_bytes"]
+    during = [v for i, v in enumerate(mem) if growth["start"] + width <= t0 + (i + 0.5) * width <= growth["end"] - width]
+    assert during == sorted(during) and during[-1] - during[0] > 0.4 * H200_PHASES["growth_total_bytes"]  # it grows
+    top = mem.index(max(mem))
+    assert growth["start"] <= t0 + top * width <= end["start"] + width and max(mem) >= H200_PHASES["growth_total_bytes"]
+    assert mem[-1] < 1e9 and rep["gpus"][0]["memory"]["used_last_bytes"] < 1e9  # and is freed
+    assert text.returncode == 0 and text.stdout.startswith("OK h200-agent")
+    line = next(line for line in text.stdout.splitlines() if line.startswith("GPU 0") and "memory" in line)
+    spark = line.split("memory", 1)[1].split()[0]
+    assert "█" in spark and spark.index("█") > spark.index("▂") and spark.endswith("▁")  # rises, then freed
+    assert "peak RX" in text.stdout
+
+
+def test_off_loopback_every_api_request_needs_the_token(tmp_path, caplog):
+    """Acceptance: bound to every interface, without the token the API refuses every request
+    (401, as JSON); with it every endpoint works; /metrics and /healthz stay open; the token
+    appears in no log line."""
+    caplog.set_level(logging.DEBUG)
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with ServingAgent(url, ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0", api=ApiConfig(token=TOKEN)) as agent:
+        base = agent.base
+        paths = ["/api/v1", "/api/v1/snapshot", "/api/v1/alerts", "/api/v1/diagnose", "/api/v1/diagnose?window=5m", "/api/v1/nope"]
+        for path in paths:
+            for token in (None, "wrong", TOKEN[:-1]):
+                status, headers, body = get(base + path, token)
+                assert status == 401 and body["error"]["status"] == 401, (path, token, body)
+                assert headers["WWW-Authenticate"].startswith("Bearer")
+        assert get(base + "/api/v1/snapshot", method="POST")[0] == 401
+        ok = {path: get(base + path, TOKEN) for path in paths}
+        assert get(base + "/metrics")[0] == 200 and get(base + "/healthz")[0] in (200, 503)  # open for scrapers
+        assert get(base + "/api/v1/snapshot", TOKEN, method="POST")[0] == 405  # read-only
+        refused = diagnose(f"127.0.0.1:{agent.port}")
+        answered = diagnose(f"127.0.0.1:{agent.port}", "--json", env={"VGPUMON_API_TOKEN": TOKEN})
+    assert ok["/api/v1"][0] == 200 and set(ok["/api/v1"][2]["endpoints"]) == {"/api/v1/snapshot", "/api/v1/alerts", "/api/v1/diagnose"}
+    status, _, snap = ok["/api/v1/snapshot"]
+    assert status == 200 and snap["gpus"][0]["identity"]["name"] == "NVIDIA H200" and snap["gpus"][0]["sample"]["up"]
+    status, _, alerts = ok["/api/v1/alerts"]
+    assert status == 200 and alerts["evaluated_at"] is not None and isinstance(alerts["alerts"], list)
+    status, _, rep = ok["/api/v1/diagnose"]
+    assert status == 200 and rep["status"] == "ok" and rep["gpus"][0]["name"] == "NVIDIA H200"
+    assert ok["/api/v1/diagnose?window=5m"][2]["window"]["seconds"] == 300
+    assert ok["/api/v1/nope"][0] == 404 and ok["/api/v1/nope"][2]["error"]["status"] == 404
+    # diagnose HOST: refused without the token (one UNKNOWN line saying why), answered with it
+    assert refused.returncode == 3 and "refused: a bearer token is required" in refused.stdout
+    assert len((refused.stdout + refused.stderr).strip().splitlines()) == 1
+    assert answered.returncode == 0 and json.loads(answered.stdout)["source"]["kind"] == "agent"
+    assert TOKEN not in caplog.text and TOKEN[:-1] not in caplog.text
+
+
+def test_an_agent_off_loopback_without_a_token_keeps_its_api_closed(tmp_path):
+    with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0") as agent:
+        status, _, body = get(agent.base + "/api/v1/snapshot", "anything")
+        metrics = get(agent.base + "/metrics")[0]
+    assert status == 401 and "no API token set" in body["error"]["message"]
+    assert metrics == 200
+
+
+def test_loopback_is_told_apart_from_every_other_address():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "gpu-host-17", ""))
+
+
+# -- vLLM servers, their processes and their stacks ---------------------------------------------------
+
+
+def _python_for_py_spy() -> str:
+    """An interpreter py-spy can read here. py-spy 0.4 finds the version of Debian's python3 but
+    not of every build (a pyenv build with a shared libpython answers "Failed to find python
+    version"): the stand-in server runs on the first that works."""
+    return "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+
+class _Table:
+    """The host's process table as the vLLM source sees it (a process edge): one vLLM server, the
+    stand-in process, listening where the fake server serves the recorded vLLM 0.32 scrape."""
+
+    def __init__(self, pid: int, port: int, started: float) -> None:
+        self.proc = VllmProcess(pid=pid, create_time=started, host="127.0.0.1", port=port, pids=(pid,),
+                                cmdline=("vllm", "serve", "tiny"))
+
+    def scan(self) -> list[VllmProcess]:
+        return [self.proc]
+
+    def usage(self, pids):
+        return None
+
+
+def test_vllm_servers_their_gpus_processes_and_stacks(tmp_path):
+    """A vLLM server found in the process table, whose process holds the H200 (the capture's
+    process list names its pid: a documented rewrite of the recorded pid 451), answering the
+    recorded vLLM 0.32 idle scrape: the report lists it with state, queue, KV usage and the GPU it
+    holds; the process with its owner; and, asked for stacks, py-spy's dump under the server."""
+    stand_in = subprocess.Popen([_python_for_py_spy(), "-c", "import time\nwhile True: time.sleep(0.5)"])
+    servers = ServerThread()
+    try:
+        idle = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__idle.txt").read_text()
+        fake = servers.start(FakeVllmServer(metrics=idle, version="0.32.0", models=["tiny"]))
+        header, ticks = scenarios.load(str(H200_CAPTURE))
+        header, ticks = scenarios.edit_call(header, ticks, 0, "nvmlDeviceGetComputeRunningProcesses",
+                                            lambda procs: [{**p, "pid": stand_in.pid} for p in procs], at=range(0, 200))
+        ticks = list(ticks)
+        first = min(t["ts"] for t in ticks if t["ts"] is not None)
+        holder: dict = {}
+        # the vLLM source dates its polls by the replay's own ticks, so that they fall in its window
+        vllm = VllmSource(processes=_Table(stand_in.pid, fake.port, first - 40.0), interval=0.1, request_timeout=1.0,
+                          clock=lambda: holder["a"].agent.latest.ts if holder["a"].agent and holder["a"].agent.latest else first)
+        from vgpumon.sources.host import HostSource
+
+        serving = ServingAgent(f"sqlite:///{tmp_path / 'v.db'}", scenarios.backend(header, ticks), api=ApiConfig(stacks=True),
+                               vllm=vllm, host=HostSource(), host_every=1, paced=True, interval=0.05)
+        holder["a"] = serving
+        with serving as agent:
+            status, _, rep = get(agent.base + "/api/v1/diagnose?stacks=1")
+            text = diagnose(f"127.0.0.1:{agent.port}")
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        servers.close()
+    assert status == 200
+    (server,) = rep["vllm"]
+    assert server["url"] == fake.url and server["state"] in ("idle", "ready") and server["gpus"] == [0]
+    assert server["running"] == 0 and server["waiting"] == 0 and server["kv_cache_usage_ratio"] is not None
+    (proc,) = rep["processes"]
+    assert proc["pid"] == stand_in.pid and proc["gpu"] == 0 and proc["username"] and proc["used_gpu_memory_bytes"] > 0
+    (stack,) = server["stacks"]
+    assert stack["pid"] == stand_in.pid and "<module>" in stack.get("text", stack.get("error", "")), stack
+    assert "vLLM servers" in text.stdout and fake.url.split("//")[1] in text.stdout and "tiny" in text.stdout
+
+
+def test_stacks_need_the_agents_permission(tmp_path):
+    with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE)) as agent:
+        _, _, rep = get(agent.base + "/api/v1/diagnose?stacks=1")
+        store_only = diagnose("localhost", "--db", f"sqlite:///{tmp_path / 'a.db'}", "--stacks", "--json")
+    assert rep["stacks_note"] == "this agent's config does not allow stacks ([api] stacks = false)"
+    assert "needs the host's agent" in json.loads(store_only.stdout)["stacks_note"]
+
+
+def _fake_py_spy(tmp_path: Path, message: str, code: int = 1) -> str:
+    """A stand-in py-spy executable (a process edge) answering as py-spy does without ptrace rights."""
+    exe = tmp_path / "py-spy"
+    exe.write_text(f"#!/bin/sh\necho '{message}' >&2\nexit {code}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(exe)
+
+
+def test_each_way_py_spy_fails_is_one_clear_line(tmp_path):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        missing = dump(alive.pid, py_spy=str(tmp_path / "no-such-py-spy"))
+        denied = dump(alive.pid, py_spy=_fake_py_spy(tmp_path, "Error: Permission Denied (os error 13)"))
+        exited = dump(gone.pid, py_spy=shutil.which("py-spy") or _fake_py_spy(tmp_path, "unused"))
+    finally:
+        alive.kill()
+        alive.wait()
+    assert missing == {"pid": alive.pid, "error": "py-spy not installed on this host (pip install py-spy into vgpumon's environment)"}
+    assert denied["error"].startswith(f"permission denied: py-spy needs ptrace rights over pid {alive.pid}") and "CAP_SYS_PTRACE" in denied["error"]
+    assert exited == {"pid": gone.pid, "error": f"process {gone.pid} has exited"}
+    for r in (missing, denied, exited):
+        assert "\n" not in r["error"]

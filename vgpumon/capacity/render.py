@@ -1,0 +1,93 @@
+"""The capacity review on a terminal (rich tables): per host, each GPU's PCIe load against its
+links, then each shared switch or root port with its cards' combined load and the projection.
+Values are printed by their catalogue entries (``vgpumon.catalogue.fmt``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from vgpumon import catalogue
+from vgpumon.rules.core import duration
+
+
+def _rate(value: Any) -> str:
+    return catalogue.fmt(("gpu_samples", "pcie_rx_bytes_per_second"), value, "n/a")
+
+
+def _pct(value: Any) -> str:
+    return catalogue.fmt(("gpu_samples", "sm_active_ratio"), value, "n/a")
+
+
+def _link(link: dict[str, Any]) -> str:
+    return f"Gen{link['generation'] or '?'} x{link['width'] or '?'}"
+
+
+def _quartet(d: dict[str, Any]) -> str:
+    """p50 / p95 / p99 / max, the unit written once when all four share it."""
+    parts = [_rate(d[f"{s}_bytes_per_second"]) for s in ("p50", "p95", "p99", "max")]
+    units = {p.rsplit(" ", 1)[-1] for p in parts if " " in p and not p.startswith("N/A")}
+    if len(units) == 1 and all(not p.startswith("N/A") for p in parts):
+        unit = units.pop()
+        return " / ".join(p.removesuffix(" " + unit) for p in parts) + " " + unit
+    return " / ".join(parts)
+
+
+def print_review(review: dict[str, Any], out: Console) -> None:
+    """Print the review on ``out``."""
+    for h in review["hosts"]:
+        _host(h, review, out)
+    for name in review["unknown_hosts"]:
+        out.print(Text(f"{name}: not in the store", style="magenta"))
+
+
+def _host(h: dict[str, Any], review: dict[str, Any], out: Console) -> None:
+    head = Text(f"{h['host']}", style="bold")
+    w = h["window"]
+    if w is None:
+        head.append(f": {h['note']}", style="magenta")
+        out.print(head)
+        return
+    head.append(f" — {len(h['gpus'])} GPUs; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
+                f"{h['minutes']} minutes of 1-minute rollups")
+    if h["saturated"]:
+        head.append(f"; SATURATED: {', '.join(h['saturated'])}", style="bold red")
+    out.print()
+    out.print(head)
+    t = Table("GPU", "max link (negotiated)", "TX p50 / p95 / p99 / max", "TX p95 of max", "RX p50 / p95 / p99 / max", "RX p95 of max",
+              "link state", box=box.SIMPLE_HEAD, show_edge=False)
+    for g in h["gpus"]:
+        state = g["link_state"]
+        st = Text(state["text"], style="yellow" if state["state"] == "below_max" else "")
+        if state["slot"]:
+            st.append(f"; {state['slot']}", style="yellow")
+        t.add_row(str(g["index"]), f"{_link(g['link_max'])} ({_link(g['link_negotiated'])})", _quartet(g["tx"]),
+                  _pct(g["tx"]["p95_share_of_max_link"]), _quartet(g["rx"]), _pct(g["rx"]["p95_share_of_max_link"]), st)
+    out.print(t)
+    if not h["shared"]:
+        out.print(Text(h["note"] or "no shared switch or root port above these GPUs", style="dim"))
+        return
+    s = Table("shared port", "link", "cards (GPUs)", "TX p95 combined", "RX p95 combined", "p95 of link", "per card p95",
+              f"+{review['add_cards']} cards at p95", "headroom", title="Shared switch and root ports (the cards behind each share its link)",
+              title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for p in h["shared"]:
+        style = "bold red" if p["saturated"] else ""
+        per_card = max((p[d]["per_card_p95_bytes_per_second"] or 0.0) for d in ("tx", "rx"))
+        last = p["projections"][-1]["p95_share"] if p["projections"] else None
+        head_room = "none" if p["headroom_cards"] == 0 else ("unbounded (no load)" if p["headroom_cards"] is None else f"{p['headroom_cards']} cards")
+        s.add_row(f"{p['kind']} {p['port']}", _link(p["link_max"]), f"{p['cards']} ({', '.join(map(str, p['gpus']))})",
+                  _rate(p["tx"]["p95_bytes_per_second"]), _rate(p["rx"]["p95_bytes_per_second"]),
+                  Text(_pct(p["p95_share"]) + (" SATURATED" if p["saturated"] else ""), style=style), _rate(per_card),
+                  _pct(last), Text(head_room, style=style))
+    out.print(s)
+    for p in h["shared"]:
+        for proj in p["projections"]:
+            if proj["add"] == review["add_cards"] and proj["p95_share"] is not None:
+                out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
+                          f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
+                          + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""),
+                          soft_wrap=True)

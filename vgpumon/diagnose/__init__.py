@@ -1,0 +1,39 @@
+"""The on-call report of one host (pure data; rendering is ``vgpumon.render``).
+
+The window ends at the newest stored sample of the host (not at "now"), so a report on a replayed
+capture or on a host whose agent died an hour ago still describes the last data there is; the age
+of that data is part of the report, and stale data never hides a known problem.
+
+Findings come from the rule engine (``vgpumon.rules``): the same rules the agent evaluates, at the
+end of the window, through the same alert lifecycle (``Engine.evaluate_window``), plus a few
+observations of diagnose's own (``vgpumon.diagnose.findings``). The exit status is the verdict:
+the worst severity among the firing alerts and those observations, UNKNOWN when nothing worse is
+known and the data is missing or stale.
+
+Modules: ``report`` (``build_report``), ``findings`` (findings and the verdict), ``gpus`` (the
+per-GPU figures and health areas), ``context`` (vLLM servers, processes, trends, freshness).
+Decisions: docs/diagnose.md.
+"""
+
+from vgpumon.diagnose.findings import SEVERITY_RANK, iso
+from vgpumon.diagnose.gpus import CUMULATIVE, HEALTH_AREAS, LAST_COLUMNS, NOT_HEALTH, WINDOW_COLUMNS
+from vgpumon.diagnose.report import SEVERITY_EXIT, build_report, exit_code, parse_since, resolve_host, unknown_report
+
+#: Former name of ``iso`` (``vgpumon db stats`` and older callers).
+_iso = iso
+
+__all__ = [
+    "CUMULATIVE",
+    "HEALTH_AREAS",
+    "LAST_COLUMNS",
+    "NOT_HEALTH",
+    "SEVERITY_EXIT",
+    "SEVERITY_RANK",
+    "WINDOW_COLUMNS",
+    "build_report",
+    "exit_code",
+    "iso",
+    "parse_since",
+    "resolve_host",
+    "unknown_report",
+]

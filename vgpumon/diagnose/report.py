@@ -1,0 +1,316 @@
+"""``build_report``: the on-call report of one host from the store (pure data; no printing).
+
+The report answers, in this order: the verdict and its top reasons (naming GPUs); the findings,
+most severe first, each with its GPU, evidence, since when, meaning and next step (XIDs with our
+table's meaning and action per code and every event time); per GPU the window's figures and
+health per area; the vLLM servers and the GPUs they hold; the processes holding most GPU memory;
+the trends (memory, PCIe p95); how fresh each source is. ``vgpumon.render`` prints it; ``--json``
+prints it as it is; the agent's ``/api/v1/diagnose`` serves it. Decisions: docs/diagnose.md.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vgpumon.config import default_hostname
+from vgpumon.diagnose import context
+from vgpumon.diagnose.findings import (
+    GPU_SUBJECTS,
+    XID_RULES,
+    clock,
+    from_alert,
+    iso,
+    order,
+    own,
+    unreadable_now,
+    verdict,
+)
+from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
+from vgpumon.errors import ExitCode
+from vgpumon.rules.core import duration
+from vgpumon.store import Store
+
+SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
+_DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_appeared")
+#: A stored episode of an alert counts as the same episode when it resolved at most this long
+#: before the report's end (the agent evaluates every 5–60 s of data time, behind the newest tick).
+_EPISODE_SLACK_S = 120.0
+
+
+def resolve_host(host: str, local: str | None = None) -> str:
+    """Map the ``host`` argument to a stored host name: ``localhost`` → the name this machine's
+    agent stores under (``local``: the ``agent.hostname`` setting; ``None``: the system host
+    name)."""
+    return (local or default_hostname()) if host in {"localhost", "127.0.0.1", "::1"} else host
+
+
+def parse_since(text: str) -> tuple[float | None, float | None]:
+    """``--since``: a duration back from the host's newest sample (``2h``, ``3d``) or a moment
+    (ISO 8601, ``2026-11-30T01:00``, UTC unless it says otherwise).
+
+    Returns:
+        ``(lookback_seconds, None)`` or ``(None, epoch_seconds)``.
+
+    Raises:
+        ValueError: neither (the message gives examples).
+    """
+    import datetime as dt
+
+    from vgpumon.config import parse_duration
+
+    try:
+        return parse_duration(text), None
+    except ValueError:
+        pass
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a duration nor a time (e.g. 6h, 3d, 2026-11-30T01:00Z)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return None, moment.timestamp()
+
+
+def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:
+    """A report with status ``unknown`` (no data, store or agent unreachable), optionally with a
+    finding that says why."""
+    findings = [own("unknown", message, kind="no_data")] if message else []
+    return {
+        "host": host, "status": "unknown", "verdict": verdict(findings), "window": None, "gpus": [],
+        "findings": findings, "vllm": [], "processes": [], "trends": None, "freshness": None, "alerts": [],
+        "alert_history": [], "xids": [], "rules_unknown": [],
+    }
+
+
+def exit_code(report: dict[str, Any]) -> ExitCode:
+    """Exit code for a report's status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)."""
+    return SEVERITY_EXIT[report["status"]]
+
+
+def _finish(report: dict[str, Any]) -> dict[str, Any]:
+    report["findings"] = order(report["findings"])
+    report["verdict"] = verdict(report["findings"])
+    report["status"] = report["verdict"]["status"]
+    return report
+
+
+def build_report(
+    store: Store,
+    host: str,
+    *,
+    window_seconds: float = 900.0,
+    now: float | None = None,
+    max_age_seconds: float | None = None,
+    local_hostname: str | None = None,
+    thresholds: Any = None,
+    since: float | None = None,
+    lookback_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Build the diagnose report of one host from the store.
+
+    Args:
+        store: an open store.
+        host: host name as stored; ``localhost`` means this machine.
+        window_seconds: length of the window that ends at the host's newest stored sample: the
+            per-GPU figures cover it.
+        now: current time (epoch seconds) for the data's age; ``time.time()`` when ``None``.
+        max_age_seconds: when set, a newest sample older than this is stale: the report says so
+            and is UNKNOWN unless a WARNING or CRITICAL is known (the last known findings stay,
+            with their age); ``None`` reports on whatever the store holds (replays, post-mortems).
+        local_hostname: the name ``localhost`` stands for (``resolve_host``).
+        thresholds: the rules' ``vgpumon.rules.Thresholds`` (defaults when ``None``).
+        since: start of the look-back (epoch seconds): XID events, alerts that fired and
+            resolved, and the trends reach back to it; ``None`` (or later than the window's start)
+            looks back over the window.
+        lookback_seconds: the same as a length back from the newest sample (``--since 6h``).
+
+    Returns:
+        A JSON-able dict (keys in docs/diagnose.md): ``host``, ``status`` (``ok``, ``warning``,
+        ``critical``, ``unknown``), ``verdict`` (status, counts, top reasons), ``findings`` (most
+        severe first), ``window``, ``lookback``, ``freshness``, ``gpus``, ``vllm``,
+        ``processes``, ``trends``, ``xids``, ``alerts`` (pending and firing), ``alert_history``
+        (fired and resolved in the look-back), ``rules_unknown``. Values in base units, ``None``
+        where unknown with the reason beside it.
+
+    Raises:
+        StoreUnavailableError: the store cannot be read.
+    """
+    from vgpumon.rules.thresholds import Thresholds
+
+    now = time.time() if now is None else now
+    th = thresholds or Thresholds()
+    hostname = resolve_host(host, local_hostname)
+    report = unknown_report(hostname)
+    known = store.hostnames()  # also checks that the store holds vgpumon tables
+    gpus = store.gpus_of(hostname) if hostname in known else []
+    if not gpus:
+        hint = f"; hosts in the store: {', '.join(known)}" if known else "; the store is empty"
+        report["findings"].append(own("unknown", f"host {hostname!r} not in the store{hint}", kind="no_data"))
+        return _finish(report)
+    ids = [g.id for g in gpus]
+    end = store.newest_ts(ids)
+    if end is None:
+        report["findings"].append(own("unknown", "no samples stored for this host", kind="no_data"))
+        return _finish(report)
+    start = end - window_seconds
+    look = min(start, since if since is not None else start, end - lookback_seconds if lookback_seconds else start)
+    report["window"] = {"start": iso(start), "end": iso(end), "seconds": window_seconds}
+    report["lookback"] = {"start": iso(look), "end": iso(end), "seconds": end - look}
+    report["newest_sample_age_seconds"] = max(0.0, now - end)
+    findings: list[dict[str, Any]] = report["findings"]
+    by_uuid = {g.identity.uuid: g for g in gpus}
+    index_of = {g.identity.uuid: g.identity.index for g in gpus}
+
+    # -- the rules, at the window's end, through the agent's lifecycle ---------------------------
+    from vgpumon.rules.catalogue import BY_NAME
+    from vgpumon.rules.engine import Engine
+    from vgpumon.rules.gpu import CRITICAL_XIDS, WARNING_XIDS, down_reasons
+    from vgpumon.rules.view import HostView
+    from vgpumon.store.alerts import AlertRepository
+
+    engine = Engine(th)
+    at_end, book = engine.evaluate_window(store, hostname, end)
+    view = HostView(store, hostname, end)
+    down = view.down_since()
+    reasons = down_reasons(view, th) if down else {}
+    repo = AlertRepository(store.engine)
+    episodes = [*repo.history(hostname, look, end), *repo.open_alerts(hostname)]
+    stored_since = {a.fingerprint: a.active_since for a in episodes
+                    if a.active_since <= end and (a.resolved_at is None or a.resolved_at >= end - _EPISODE_SLACK_S)}
+    xid_lookback = min(look, end - th.xid_window_seconds)
+    xid_events = store.host_xid_events(hostname, xid_lookback, end)
+    codes_of = {"GpuXidCritical": set(CRITICAL_XIDS), "GpuXidWarning": set(WARNING_XIDS)}
+
+    def xid_times(rule: str, gpu_id: int) -> dict[int, list[float]]:
+        out: dict[int, list[float]] = {}
+        wanted = codes_of.get(rule)
+        for ts, gid, code in xid_events:
+            if gid != gpu_id:
+                continue
+            if (wanted is not None and code in wanted) or (wanted is None and code not in CRITICAL_XIDS + WARNING_XIDS):
+                out.setdefault(code, []).append(ts)
+        return out
+
+    open_alerts = book.open()
+    states: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
+    severities = {r.name: r.severity for r in engine.rules}
+    unknown_reasons: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
+    report["rules_unknown"] = []
+    for f in at_end:
+        gpu = by_uuid.get(f.labels.get("uuid", "")) if BY_NAME[f.rule].subject in GPU_SUBJECTS else None
+        if gpu is not None:
+            states[gpu.identity.uuid].setdefault(f.rule, "pending" if f.state == "firing" else f.state)
+            if f.state == "unknown":
+                unknown_reasons[gpu.identity.uuid][f.rule] = f.reason or "inputs absent"
+        elif f.state == "unknown":
+            report["rules_unknown"].append({"rule": f.rule, "labels": f.labels, "reason": f.reason})
+    lost_firing = set()
+    for a in open_alerts:
+        rule = BY_NAME[a.name]
+        gpu = by_uuid.get(a.labels.get("uuid", "")) if rule.subject in GPU_SUBJECTS else None
+        if gpu is not None:
+            states[gpu.identity.uuid][a.name] = a.state
+            if a.name == "GpuLost" and a.state == "firing":
+                lost_firing.add(gpu.id)
+        findings.append(from_alert(
+            a, rule, gpu.identity if gpu is not None else None,
+            stored_since=stored_since.get(a.fingerprint),
+            xid_times=xid_times(a.name, gpu.id) if gpu is not None and a.name in XID_RULES else None,
+            down_since=down.get(gpu.id) if gpu is not None else None,
+        ))
+    report["alerts"] = [a.as_dict() for a in open_alerts]
+    report["alert_history"] = [
+        {**a.as_dict(), "gpu": by_uuid[a.labels["uuid"]].identity.index if a.labels.get("uuid") in by_uuid else None}
+        for a in episodes if a.resolved_at is not None and a.resolved_at < end - _EPISODE_SLACK_S
+    ]
+
+    # -- diagnose's own observations ---------------------------------------------------------------
+    for g in gpus:
+        if g.id in down and g.id not in lost_firing:
+            findings.append(unreadable_now(g.identity, down[g.id], reasons.get(g.id, "unreadable"), end))
+    findings.extend(_unidentified(store.events(hostname, 0, end, kinds=_DEVICE_SET_EVENTS)))
+    topology = store.topology(hostname)
+    # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
+    # every page once per GPU (docs/benchmarks.md, store section)
+    aggs = store.window_aggregates_many(ids, start, end, WINDOW_COLUMNS)
+    rejected = store.rejections(hostname, start, end)
+    lasts = {g.id: view.last_values(g.id, LAST_COLUMNS) for g in gpus}
+    blocks = []
+    for g in gpus:
+        u = g.identity.uuid
+        block = gpu_block(store, g, start, end, aggs[g.id], topology=topology, index_of=index_of,
+                          rejected=rejected.get(f"gpu:{u}"), down=(down[g.id], reasons.get(g.id, "unreadable")) if g.id in down else None,
+                          last=lasts[g.id])
+        if not block["samples"]:
+            findings.append(own("unknown", f"no samples in the window ({duration(window_seconds)})", gpu=g.identity, kind="no_samples"))
+        for field, (count, reason) in sorted((rejected.get(f"gpu:{u}") or {}).items()):
+            # information, never a verdict: the value was refused, so nothing was concluded from it
+            findings.append(own("info", f"{field}: reported impossible values {count} times in the window ({reason})",
+                                gpu=g.identity, kind="rejected_values"))
+        block["xid_counts"] = {}
+        for ts, gid, code in xid_events:
+            if gid == g.id and ts >= start:
+                block["xid_counts"][str(code)] = block["xid_counts"].get(str(code), 0) + 1
+        block["rules_unknown"] = unknown_reasons[u]
+        st = states[u]
+        if g.id in down and g.id not in lost_firing:
+            st = {**st, "GpuLost": "pending"}  # unreadable now, not yet lost: WARN, not PASS
+        block["health"] = health(st, severities, unknown_reasons[u])
+        blocks.append(block)
+    report["gpus"] = blocks
+
+    # -- around the GPUs ---------------------------------------------------------------------------
+    report["vllm"] = context.servers(store, hostname, look, end, index_of)
+    report["processes"] = context.processes(store, gpus, start, end)
+    report["trends"] = context.trends(store, gpus, look, end)
+    report["xids"] = _xid_section(xid_events, {g.id: g.identity.index for g in gpus}, look)
+    fresh = context.freshness(store, hostname, gpus, end, now, report["vllm"], max_age_seconds)
+    report["freshness"] = fresh
+    if fresh["stale"]:
+        findings.append(own(
+            "unknown",
+            f"newest sample is {duration(fresh['age_seconds'])} old (more than {duration(max_age_seconds)}): is the agent running? "
+            f"The findings are the last known, as of {clock(end)} UTC",
+            since=end, kind="stale",
+            next_step="Check the agent on the host (systemctl status vgpumon, or its pod); the store keeps the last data it wrote.",
+        ))
+    _finish(report)
+    for b in blocks:
+        b["findings"] = [f for f in report["findings"] if (f.get("gpu") or {}).get("uuid") == b["uuid"]]
+    return report
+
+
+def _xid_section(events: list[tuple[float, int, int]], index_of: dict[int, int], since: float) -> list[dict[str, Any]]:
+    """Every XID of the look-back, per code: our table's meaning and action, and each event (GPU,
+    time), oldest first."""
+    from vgpumon.catalogue.xid import describe
+
+    by_code: dict[int, list[dict[str, Any]]] = {}
+    for ts, gid, code in events:
+        if ts >= since:
+            by_code.setdefault(code, []).append({"gpu": index_of.get(gid), "at": iso(ts), "ts": ts})
+    out = []
+    for code, evs in sorted(by_code.items()):
+        x = describe(code)
+        out.append({"code": code, "mnemonic": x.mnemonic, "meaning": x.meaning, "bucket": x.bucket, "action": x.action,
+                    "by_application": x.by_application, "events": evs})
+    return out
+
+
+def _unidentified(events: list[Any]) -> list[dict[str, Any]]:
+    """A device NVML counts but cannot name (no UUID: it has no history, so no rule sees it) and
+    that has not been named since: the host has a GPU it cannot report on. A GPU that was named
+    and went is the GpuMissing rule's."""
+    open_: dict[str, Any] = {}
+    for e in events:  # oldest first
+        if e.kind == "gpu_appeared":
+            index = e.detail.split(",", 1)[0].removeprefix("index ").strip()
+            open_.pop(f"index:{index}", None)
+        else:
+            open_[e.subject] = e
+    return [
+        own("warning", f"{subject} cannot be identified since {iso(e.ts)} ({e.detail})", since=e.ts, kind="unidentified",
+            next_step="Run `nvidia-smi -L` and `journalctl -k | grep -i NVRM` on the host; a GPU NVML cannot name is not monitored.")
+        for subject, e in open_.items()
+    ]

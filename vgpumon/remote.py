@@ -1,0 +1,133 @@
+"""``vgpumon diagnose HOST[:PORT]`` asking the host's agent: one ``GET /api/v1/diagnose`` with the
+bearer token, the answer (a report, or a JSON error) as data. Standard library only (``urllib``):
+one request per command needs no event loop.
+
+What can go wrong is told apart, because the caller decides on it (docs/diagnose.md): the agent
+cannot be reached (refused, no route, name unknown, silent past the timeout) → ``AgentUnreachable``,
+and ``diagnose`` falls back to the store; the agent answered with an error (a wrong token, a bad
+query, a bug) → ``AgentRefused``, and ``diagnose`` says so, since the agent is up and the store
+would only be older.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from vgpumon.errors import UsageError
+
+_TARGET = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]/\s]+))(?::(?P<port>\d{1,5}))?$")
+
+
+class AgentError(Exception):
+    """The agent's API did not give a report."""
+
+
+class AgentUnreachable(AgentError):
+    """No answer from the agent at all: nothing listens there, the host is unknown or down."""
+
+
+class AgentRefused(AgentError):
+    """The agent answered with an error: ``status`` is its HTTP status, the message its word."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_target(text: str, default_port: int) -> tuple[str, int, bool]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` → ``(host, port, port_given)``.
+
+    Raises:
+        UsageError: anything else, or a port outside 1–65535.
+    """
+    m = _TARGET.match(text.strip())
+    if not m:
+        raise UsageError(f"host {text!r} is not HOST or HOST:PORT (e.g. gpu-host-17, gpu-host-17:19400, [::1]:19400)")
+    port = int(m.group("port")) if m.group("port") else default_port
+    if not 1 <= port <= 65535:
+        raise UsageError(f"port {port} of {text!r} is outside 1-65535")
+    return (m.group("v6") or m.group("host")), port, m.group("port") is not None
+
+
+def agent_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def fetch_report(
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    timeout: float,
+    window: str | None = None,
+    since: str | None = None,
+    max_age: str | None = None,
+    stacks: bool = False,
+) -> dict[str, Any]:
+    """The agent's ``/api/v1/diagnose`` report.
+
+    Args:
+        host, port: where the agent listens (its ``[exporter] listen``).
+        token: the bearer token (``[api] token``); ``None`` sends none (an agent on loopback
+            without a token needs none).
+        timeout: seconds for connecting and for the whole answer.
+        window, since, max_age: passed as typed (the agent parses them as the CLI would).
+        stacks: ask for py-spy dumps of the host's vLLM servers.
+
+    Returns:
+        The report (the same data ``build_report`` returns on the agent's side).
+
+    Raises:
+        AgentUnreachable: nothing answered (connection refused, unknown name, timeout).
+        AgentRefused: the agent answered with an HTTP error (its JSON message), or with
+            something that is not a report.
+    """
+    query = {k: v for k, v in (("window", window), ("since", since), ("max_age", max_age)) if v}
+    if stacks:
+        query["stacks"] = "1"
+    url = f"{agent_url(host, port)}/api/v1/diagnose" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})
+    # proxies from the environment are for the web, not for a GPU host's agent
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as exc:
+        raise AgentRefused(exc.code, _error_message(exc)) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AgentUnreachable(_why(reason)) from None
+    try:
+        report = json.loads(body)
+    except ValueError:
+        raise AgentRefused(200, "the answer is not JSON (is that port a vgpumon agent?)") from None
+    if not isinstance(report, dict) or "status" not in report or "host" not in report:
+        raise AgentRefused(200, "the answer is not a diagnose report (is that port a vgpumon agent?)")
+    return report
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        doc = json.loads(exc.read())
+        return str(doc["error"]["message"])
+    except Exception:  # noqa: BLE001 - not our JSON: whatever answered on that port is not an agent
+        return f"HTTP {exc.code} {exc.reason} (is that port a vgpumon agent?)"
+
+
+def _why(reason: Any) -> str:
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return "no answer in time"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, socket.gaierror):
+        return "host name not known"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason)
