@@ -38,7 +38,7 @@ MOVING = {"timestamp", "latencyUsec", "used", "free"}
 def strip(value):
     if isinstance(value, dict):
         return {k: strip(v) for k, v in value.items() if k not in MOVING}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [strip(v) for v in value]
     return value
 
