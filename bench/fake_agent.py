@@ -23,10 +23,13 @@ if __name__ == "__main__":
     import fake_nvml
 
     fake_nvml.install(gpus)
+    import os
+
+    # the fake lives in this process: the agent must not exec into its lean one (agent_main)
+    os.environ["VGPUMON_AGENT_EXEC"] = "0"
     from vgpumon.launch import main
 
     sys.argv[0] = "vgpumon"
-    import os
 
     out = os.environ.get("VGPUMON_BENCH_PROFILE")  # a cProfile of the main thread (the event loop)
     if out:

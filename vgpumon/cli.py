@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import sys
 import threading
 from enum import Enum
@@ -27,12 +26,10 @@ import typer
 
 from vgpumon import __version__
 from vgpumon.errors import ExitCode, StoreUnavailableError, UsageError, VgpumonError
-from vgpumon.masking import MaskingFormatter, mask_secrets
+from vgpumon.masking import mask_secrets
 
 if TYPE_CHECKING:
     from vgpumon.config import Flags, Settings
-    from vgpumon.exporter import ExporterConfig
-    from vgpumon.exporter.api import ApiConfig
     from vgpumon.store import Store
 
 log = logging.getLogger("vgpumon")
@@ -107,14 +104,9 @@ def _root(
 
 
 def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    # every log line and traceback goes through the one masking helper (no passwords on screen)
-    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper()))
-    # Alembic narrates every migration step at INFO; one line from vgpumon.store.migrate says it.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
+    from vgpumon.agent_main import setup_logging
+
+    setup_logging(level)
 
 
 def _settings(ctx: typer.Context, flags: "Flags | None" = None) -> "Settings":
@@ -186,45 +178,10 @@ def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
     return box["value"]
 
 
-async def _run_until_signal(agent: "object", exporter: "ExporterConfig | None" = None, api: "ApiConfig | None" = None) -> "object":
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if exporter is None:
-        return await agent.run(stop)  # type: ignore[attr-defined]
-    from vgpumon.exporter.server import serving
+async def _run_until_signal(agent: "object") -> "object":
+    from vgpumon.agent_main import run_until_signal
 
-    # the rules engine, when the agent runs one, feeds /metrics its alerts and leak slopes
-    async with serving(agent, exporter, rules=getattr(agent, "rules", None), api=api):  # type: ignore[arg-type]
-        return await agent.run(stop)  # type: ignore[attr-defined]
-
-
-def _api_config(settings: "Settings") -> "ApiConfig":
-    """The agent's ``/api/v1`` settings (``[api]``; the report's window and thresholds)."""
-    from vgpumon.exporter.api import ApiConfig
-    from vgpumon.rules.thresholds import Thresholds
-
-    a = settings.api
-    return ApiConfig(
-        enabled=a.enabled, token=a.token.get_secret_value() if a.token is not None else None, stacks=a.stacks,
-        window_seconds=settings.diagnose.window, thresholds=Thresholds.from_mapping(settings.rules.thresholds),
-    )
-
-
-def _exporter_config(listen: str, metrics_file: Optional[Path]) -> "ExporterConfig":
-    """The exporter's settings (``[exporter]``, ``--listen``, ``--metrics-file``); the listen
-    address was checked with the settings, a selection file that cannot be used is a usage error
-    (64) before anything is sampled or stored."""
-    from vgpumon.exporter import ExporterConfig
-    from vgpumon.exporter.selection import SelectionError, read_selection
-
-    if metrics_file is not None:
-        try:
-            read_selection(metrics_file)
-        except SelectionError as exc:
-            raise UsageError(f"--metrics-file: {exc}") from None
-    return ExporterConfig(listen=listen, metrics_file=metrics_file)
+    return await run_until_signal(agent)
 
 
 @app.command()
@@ -351,95 +308,22 @@ def agent(
             ("rules", "alertmanagers"): ("--alertmanager", alertmanager or None),
         },
     )
-    from vgpumon.workers import limit_malloc_arenas
+    from vgpumon import agent_main, launch
 
-    limit_malloc_arenas()  # before any thread starts: a long-lived daemon's resident memory
-    from vgpumon.agent import Agent
-    from vgpumon.sources.host import HostSource
-    from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import ReplayBackend
-    from vgpumon.store import open_store
-    from vgpumon.store.retention import Retention
-    from vgpumon.store.spool import Backlog
-
-    a, st = settings.agent, settings.store
-    assert st.url is not None and a.hostname is not None and a.spool is not None  # filled by load_settings
-    exporter = _exporter_config(settings.exporter.listen, settings.exporter.metrics_file)
-    backend = ReplayBackend(replay) if replay else None  # a bad capture: exit 65 before anything is created
-    slow_every = a.slow_every
-    if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
-        slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
-    source = NvmlSource(backend, slow_every=slow_every, use_gpm=a.gpm, reprobe_every=a.reprobe_every)
-    source.start()  # no NVIDIA stack: exit 69 here, before a store is created for nothing
-    store = open_store(st.url, **_store_kwargs(settings))  # migrates (advisory lock / file lock)
-    vllm = None
-    if settings.vllm.enabled and (replay is None or settings.vllm.urls):
-        from vgpumon.sources.vllm import NoProcesses, VllmSource
-
-        # a replay reads a recorded host: only configured servers, no discovery on this one
-        vllm = VllmSource(
-            static_urls=settings.vllm.urls, processes=NoProcesses() if replay else None, interval=settings.vllm.interval
-        )
-    backlog = Backlog(a.spool, max_spool_bytes=a.spool_max_mb << 20, max_memory_rows=a.buffer_max_rows)
-    kubernetes = None
-    kubelet_socket = settings.exporter.kubelet_socket
-    if kubelet_socket != "off" and (replay is None or kubelet_socket):
-        from vgpumon.sources.kubernetes import DEFAULT_SOCKET, KubernetesSource, PodResourcesClient
-
-        kubernetes = KubernetesSource(PodResourcesClient(kubelet_socket or DEFAULT_SOCKET))
-    rules = None
-    if settings.rules.enabled:
-        from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
-        from vgpumon.rules.engine import Engine
-        from vgpumon.rules.runner import RuleRunner
-        from vgpumon.rules.thresholds import Thresholds
-
-        r = settings.rules
-        sinks = [LogSink(), *(WebhookSink(u) for u in r.webhooks), *(AlertmanagerSink(u) for u in r.alertmanagers)]
-        # a replay is judged in the capture's time, not against today's clock
-        import time
-
-        rules = RuleRunner(Engine(Thresholds.from_mapping(r.thresholds)), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
-    runner = Agent(
-        source,
-        store,
-        host=None if replay else HostSource(),
-        sysfs_root=str(sysfs) if sysfs else (None if replay else "/sys"),
-        host_every=a.host_every,
-        hostname=a.hostname,
-        interval=a.interval,
-        duration=duration,  # type: ignore[arg-type]  # seconds, from _duration_param
-        paced=replay is None,
-        recorded_pace=replay is not None and pace is Pace.recorded,
-        vllm=vllm,
-        backlog=backlog,
-        retention=Retention(store, raw_retention_s=st.raw_retention, rollup_retention_s=st.rollup_retention),
-        kubernetes=kubernetes,
-        call_deadline=a.call_deadline,
-        rules=rules,
+    plan = agent_main.make_plan(
+        settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded,
+        duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
     )
-    try:
-        stats = asyncio.run(_run_until_signal(runner, exporter, _api_config(settings)))
-    finally:
-        store.close()
-    _echo_err(
-        f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st.url}"  # type: ignore[attr-defined]
-    )
-    if stats.rows_duplicate:  # type: ignore[attr-defined]
-        _echo_err(f"vgpumon agent: {stats.rows_duplicate} rows were stored already and skipped (a capture or spool replayed again)")  # type: ignore[attr-defined]
-    if stats.rows_folded:  # type: ignore[attr-defined]
-        _echo_err(
-            f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)"  # type: ignore[attr-defined]
-        )
-    if stats.dead_letters:  # type: ignore[attr-defined]
-        typer.echo(
-            f"vgpumon agent: {stats.dead_letters} rows the store refused were set aside in {backlog.dead_letter_path}",  # type: ignore[attr-defined]
-            err=True,
-        )
-    if stats.rows_spooled:  # type: ignore[attr-defined]
-        _echo_err(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run")  # type: ignore[attr-defined]
-    if stats.rows_pending:  # type: ignore[attr-defined]
-        raise typer.Exit(ExitCode.UNAVAILABLE)
+    agent_main.exporter_config(settings.exporter.listen, plan["exporter"]["metrics_file"])  # 64 before the exec
+    if launch.exec_allowed and agent_main.can_exec():
+        # the CLI's libraries stay behind: the agent runs in a lean process (agent_main)
+        try:
+            agent_main.exec_agent(plan, sys.argv[1:])
+        except OSError as exc:
+            log.warning("could not start the agent's own process (%s); running it in this one", exc)
+    code = agent_main.run(plan)
+    if code:
+        raise typer.Exit(code)
 
 
 def _echo_err(line: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-import math
 import os
 import re
 import socket
@@ -40,6 +39,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
+from vgpumon.durations import MAX_DURATION_S, format_duration, parse_duration
 from vgpumon.errors import ConfigFileError, UsageError
 from vgpumon.masking import MASK, mask_secrets
 
@@ -68,57 +68,7 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
 }
 
 # -- durations ----------------------------------------------------------------------------------
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
-#: The longest duration any option takes: ten years. Longer ones are mistakes, and some (a
-#: ``--window`` of 1 000 000 days) are not representable as dates or millisecond integers.
-MAX_DURATION_S = 3650 * 86400.0
-
-
-def parse_duration(value: Any, *, minimum: float = 0.0, maximum: float = MAX_DURATION_S) -> float:
-    """A duration as seconds: ``90``, ``90s``, ``1.5m``, ``2h``, ``3d`` (a bare number is seconds).
-
-    Args:
-        value: text as typed, or a number of seconds (from a TOML file).
-        minimum: the value must be more than 0 and at least this (seconds).
-        maximum: the value must be at most this (seconds; default ten years).
-
-    Returns:
-        Seconds, finite and in ``(0, maximum]``.
-
-    Raises:
-        ValueError: empty, not a duration (``abc``, ``-5m``, ``inf``, ``nan``), 0, or out of range;
-            the message says which and gives an example.
-    """
-    if isinstance(value, bool):
-        raise ValueError("not a duration (e.g. 90s, 15m, 2h, 3d)")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = str(value)
-        m = _DURATION.fullmatch(text)
-        if not m:
-            what = "empty" if not text.strip() else f"{text!r} is not a duration"
-            raise ValueError(f"{what} (e.g. 90s, 15m, 2h, 3d)")
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError("must be more than 0 (e.g. 90s, 15m, 2h, 3d)")
-    if seconds < minimum:
-        raise ValueError(f"must be at least {format_duration(minimum)}")
-    if seconds > maximum:
-        raise ValueError(f"must be at most {format_duration(maximum)}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as the shortest exact duration text ``parse_duration`` reads back (``72h``, ``90d``,
-    ``0.05s``)."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
-
+# (in vgpumon.durations, which the lean agent process imports without pydantic)
 
 def _duration(minimum: float = 0.0, maximum: float = MAX_DURATION_S) -> Any:
     return BeforeValidator(lambda v: parse_duration(v, minimum=minimum, maximum=maximum))

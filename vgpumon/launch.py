@@ -15,6 +15,9 @@ import sys
 
 #: Commands that stop cleanly on SIGINT/SIGTERM (exit 0): they sample until told to stop.
 STOP_CLEANLY = frozenset({"agent", "record"})
+#: True when this process is the console script's (``main`` below), not a library call: only
+#: then may ``vgpumon agent`` replace the process with its lean one (``vgpumon.agent_main``).
+exec_allowed = False
 #: Root options that take a value (so that the value is not read as the command name).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--config", "--log-level"})
 
@@ -47,6 +50,8 @@ def install_signal_handlers(argv: list[str]) -> None:
 
 def main() -> None:
     """Console-script entry point (see module docstring)."""
+    global exec_allowed
+    exec_allowed = True
     argv = sys.argv[1:]
     install_signal_handlers(argv)
     try:

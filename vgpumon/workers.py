@@ -21,18 +21,28 @@ _PR_SET_NAME = 15
 _libc: Any = None
 
 
+def name_process(name: str) -> None:
+    """Name the calling (main) thread, and so the process as ``ps``, ``top`` and ``pgrep`` show
+    it, ``name`` (first 15 bytes; Linux ``prctl(PR_SET_NAME)``). Does nothing where it cannot."""
+    _prctl_name(name)
+
+
 def name_os_thread() -> None:
     """Give the calling thread's name (``vgpumon-nvml``, ``vgpumon-store_0``…) to the OS thread
     as well (Linux ``prctl(PR_SET_NAME)``, first 15 bytes), so ``top -H``, ``ps -L`` and
     ``/proc/<pid>/task/*/comm`` show which of the agent's threads uses the CPU. Python before
     3.14 leaves every thread named after the process. Does nothing where it cannot."""
+    _prctl_name(threading.current_thread().name)
+
+
+def _prctl_name(name: str) -> None:
     global _libc
     if not sys.platform.startswith("linux"):
         return
     try:
         if _libc is None:
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        _libc.prctl(_PR_SET_NAME, threading.current_thread().name.encode()[:15], 0, 0, 0)
+        _libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

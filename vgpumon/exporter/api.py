@@ -210,7 +210,7 @@ class AgentApi:
         return _json({"hostname": self.agent.hostname, "evaluated_at": rules.evaluated_at, "alerts": rules.open_alerts()})
 
     async def _diagnose(self, request: web.Request) -> web.Response:
-        from vgpumon.config import parse_duration
+        from vgpumon.durations import parse_duration
         from vgpumon.diagnose import parse_since
 
         q = request.query

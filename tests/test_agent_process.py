@@ -1,0 +1,130 @@
+"""``vgpumon agent`` as a process: it checks its settings, then replaces itself with the lean
+agent (``vgpumon.agent_main``) that does not keep the command line's libraries resident. What an
+operator sees must not change: the same PID, the name ``vgpumon``, no secret on the command line,
+a clean stop on SIGTERM, the same errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import H200_CAPTURE
+
+from vgpumon import agent_main
+from vgpumon.errors import ExitCode
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the agent's process is Linux's (memfd, /proc)")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
+    env.update(extra)
+    return env
+
+
+def _wait_for(pred, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_path):
+    token = "s3cret-api-token-not-for-ps"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        stderr=subprocess.PIPE, text=True, env=_env(VGPUMON_API_TOKEN=token),
+    )
+    try:
+        cmdline = lambda: open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: E731
+        _wait_for(lambda: b"vgpumon.agent_main" in cmdline())  # the same PID, now the lean agent
+        time.sleep(1.5)  # its first ticks: everything the agent imports is loaded
+        with open(f"/proc/{proc.pid}/comm") as f:
+            assert f.read().strip() == "vgpumon"  # pgrep / top still find it by name
+        assert token.encode() not in b" ".join(cmdline())  # the plan travels in a memfd, not argv
+        with open(f"/proc/{proc.pid}/maps") as f:
+            maps = f.read()
+        assert "_pydantic_core" not in maps  # the settings' libraries stayed behind
+        assert "vgpumon-agent-plan" not in maps
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert "ticks of 1 GPU(s)" in err
+
+
+def test_errors_found_after_the_exec_keep_their_line_and_exit_code(tmp_path):
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"not a capture")
+    out = subprocess.run(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}",
+         "--listen", "off", "--spool", str(tmp_path / "spool")],
+        capture_output=True, text=True, env=_env(), timeout=60,
+    )
+    assert out.returncode == ExitCode.DATAERR, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpumon: ") and "Traceback" not in out.stderr
+
+
+def test_the_same_run_stays_in_the_cli_process_when_exec_is_switched_off(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--duration", "3s",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        capture_output=True, text=True, env=_env(VGPUMON_AGENT_EXEC="0"), timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "rows stored in sqlite:///" in out.stderr
+
+
+def _run_main_with_plan(plan: object) -> subprocess.CompletedProcess[str]:
+    fd = os.memfd_create("plan", 0)
+    os.write(fd, json.dumps(plan).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        return subprocess.run([sys.executable, "-m", "vgpumon.agent_main", "--plan-fd", str(fd)], pass_fds=(fd,),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+
+
+def test_a_plan_from_another_version_is_refused_in_one_line():
+    out = _run_main_with_plan({"version": agent_main.PLAN_VERSION + 1})
+    assert out.returncode == ExitCode.SOFTWARE
+    assert out.stderr.startswith("vgpumon: agent plan of version") and "start it again" in out.stderr
+
+
+def test_started_by_hand_it_says_what_to_run():
+    out = subprocess.run([sys.executable, "-m", "vgpumon.agent_main"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == ExitCode.USAGE
+    assert "vgpumon agent" in out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_right_at_the_exec_stops_cleanly(tmp_path, sig):
+    """The moment the new image starts, before its handlers exist: the signal was held across
+    the exec and is delivered as a stop (exit 0), never as a kill (-2, 143) or a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    try:
+        _wait_for(lambda: b"vgpumon.agent_main" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err

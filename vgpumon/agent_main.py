@@ -1,0 +1,353 @@
+"""The agent's own process: ``vgpumon agent`` reads and checks its settings (typer, pydantic), then
+replaces itself (``execv``, same PID) with this lean entry point, which runs the agent from a
+*plan* of plain values and never loads the command line's libraries.
+
+Why: the command line's libraries (typer, pydantic and pydantic-settings, the ORM they pull in)
+are only needed to read flags, environment and config file, yet an imported module stays resident
+for the process's life. Exec'ing into a process that imports only what sampling, storing,
+``/metrics`` and the rules use keeps a daemon that runs on every GPU host about 15 MB smaller
+(docs/benchmarks.md, "Agent footprint").
+
+The plan travels on an inherited, unlinked memory file (``memfd``) whose descriptor is named by
+``--plan-fd``: never in argv or the environment, since it holds the store URL's password and the
+API token. The process keeps its PID, its standard streams, its working directory (relative
+paths mean the same) and its name (``vgpumon``). Where exec is not possible (no ``memfd``, no
+``sys.executable``), when ``VGPUMON_AGENT_EXEC=0``, or when the CLI runs inside another program
+(tests, ``CliRunner``), the same ``run`` executes in the calling process.
+
+Usage (by ``vgpumon agent`` only): ``python -m vgpumon.agent_main --plan-fd N [agent ARGS...]``
+(the trailing arguments are the original command line, kept for ``ps``; they are not read).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from vgpumon.errors import ExitCode, VgpumonError
+from vgpumon.masking import MaskingFormatter, mask_secrets
+
+if TYPE_CHECKING:
+    from vgpumon.config import Settings
+
+log = logging.getLogger("vgpumon")
+
+#: Version of the plan's layout: a CLI and an ``agent_main`` of different installs (an upgrade
+#: between the two steps) refuse each other's plan instead of misreading it.
+PLAN_VERSION = 1
+#: ``VGPUMON_AGENT_EXEC=0`` keeps the agent in the CLI's process (debugging, profilers).
+EXEC_ENV = "VGPUMON_AGENT_EXEC"
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level`` through the masking formatter (no password in any line)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))
+    # Alembic narrates every migration step at INFO; one line from vgpumon.store.migrate says it.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
+
+
+def make_plan(
+    settings: "Settings", *, replay: str | None, recorded_pace: bool, duration: float | None, sysfs: str | None
+) -> dict[str, Any]:
+    """The agent's run as plain, JSON-able values, from the validated settings and the run's own
+    flags. Every value was checked by ``vgpumon.config``; ``run`` trusts them.
+
+    Args:
+        settings: the effective settings (``load_settings``: store URL, hostname and spool filled).
+        replay: a capture to replay instead of reading the GPUs, or ``None``.
+        recorded_pace: replay at the capture's own pace.
+        duration: seconds to run, or ``None`` for until SIGINT/SIGTERM.
+        sysfs: sysfs root for the PCIe topology, or ``None`` (the default for the mode).
+    """
+    a, st, ex, r, api = settings.agent, settings.store, settings.exporter, settings.rules, settings.api
+    return {
+        "version": PLAN_VERSION,
+        "log_level": settings.log_level,
+        "store": {
+            "url": st.url, "busy_timeout_ms": int(st.busy_timeout * 1000), "connect_timeout_s": st.connect_timeout,
+            "statement_timeout_s": st.statement_timeout, "raw_retention": st.raw_retention,
+            "rollup_retention": st.rollup_retention,
+        },
+        "agent": {
+            "interval": a.interval, "hostname": a.hostname, "slow_every": a.slow_every, "host_every": a.host_every,
+            "reprobe_every": a.reprobe_every, "call_deadline": a.call_deadline, "gpm": a.gpm, "spool": str(a.spool),
+            "spool_max_mb": a.spool_max_mb, "buffer_max_rows": a.buffer_max_rows,
+        },
+        "vllm": {"enabled": settings.vllm.enabled, "urls": list(settings.vllm.urls), "interval": settings.vllm.interval},
+        "exporter": {
+            "listen": ex.listen, "metrics_file": None if ex.metrics_file is None else str(ex.metrics_file),
+            "kubelet_socket": ex.kubelet_socket,
+        },
+        "rules": {"enabled": r.enabled, "thresholds": dict(r.thresholds), "webhooks": list(r.webhooks), "alertmanagers": list(r.alertmanagers)},
+        "api": {
+            "enabled": api.enabled, "token": api.token.get_secret_value() if api.token is not None else None,
+            "stacks": api.stacks, "window": settings.diagnose.window,
+        },
+        "run": {"replay": replay, "recorded_pace": recorded_pace, "duration": duration, "sysfs": sysfs},
+    }
+
+
+def run(plan: dict[str, Any]) -> int:
+    """Run the agent a plan describes until SIGINT/SIGTERM or its duration; prints the closing
+    summary on stderr.
+
+    Returns:
+        ``ExitCode.OK``, or ``ExitCode.UNAVAILABLE`` when rows could not be stored and wait in the
+        spool.
+
+    Raises:
+        VgpumonError: no NVIDIA stack (69), a bad capture (65), a store that cannot be used (69),
+            a metrics selection file that cannot be used (64), ...
+    """
+    import asyncio
+
+    from vgpumon.workers import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread starts: a long-lived daemon's resident memory
+    from vgpumon.agent import Agent
+    from vgpumon.sources.host import HostSource
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.store import open_store
+    from vgpumon.store.retention import Retention
+    from vgpumon.store.spool import Backlog
+
+    a, st, ex, rp = plan["agent"], plan["store"], plan["exporter"], plan["run"]
+    replay = rp["replay"]
+    exporter = exporter_config(ex["listen"], ex["metrics_file"])
+    backend = ReplayBackend(replay) if replay else None  # a bad capture: exit 65 before anything is created
+    slow_every = a["slow_every"]
+    if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
+        slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
+    source = NvmlSource(backend, slow_every=slow_every, use_gpm=a["gpm"], reprobe_every=a["reprobe_every"])
+    source.start()  # no NVIDIA stack: exit 69 here, before a store is created for nothing
+    store = open_store(
+        st["url"], busy_timeout_ms=st["busy_timeout_ms"], connect_timeout_s=st["connect_timeout_s"],
+        statement_timeout_s=st["statement_timeout_s"],
+    )  # migrates (advisory lock / file lock)
+    vllm = None
+    v = plan["vllm"]
+    if v["enabled"] and (replay is None or v["urls"]):
+        from vgpumon.sources.vllm import NoProcesses, VllmSource
+
+        # a replay reads a recorded host: only configured servers, no discovery on this one
+        vllm = VllmSource(static_urls=v["urls"], processes=NoProcesses() if replay else None, interval=v["interval"])
+    from pathlib import Path
+
+    backlog = Backlog(Path(a["spool"]), max_spool_bytes=a["spool_max_mb"] << 20, max_memory_rows=a["buffer_max_rows"])
+    kubernetes = None
+    kubelet_socket = ex["kubelet_socket"]
+    if kubelet_socket != "off" and (replay is None or kubelet_socket):
+        from vgpumon.sources.kubernetes import DEFAULT_SOCKET, KubernetesSource, PodResourcesClient
+
+        kubernetes = KubernetesSource(PodResourcesClient(kubelet_socket or DEFAULT_SOCKET))
+    rules = None
+    r = plan["rules"]
+    if r["enabled"]:
+        import time
+
+        from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
+        from vgpumon.rules.engine import Engine
+        from vgpumon.rules.runner import RuleRunner
+        from vgpumon.rules.thresholds import Thresholds
+
+        sinks = [LogSink(), *(WebhookSink(u) for u in r["webhooks"]), *(AlertmanagerSink(u) for u in r["alertmanagers"])]
+        # a replay is judged in the capture's time, not against today's clock
+        rules = RuleRunner(Engine(Thresholds.from_mapping(r["thresholds"])), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
+    sysfs = rp["sysfs"]
+    runner = Agent(
+        source,
+        store,
+        host=None if replay else HostSource(),
+        sysfs_root=sysfs if sysfs else (None if replay else "/sys"),
+        host_every=a["host_every"],
+        hostname=a["hostname"],
+        interval=a["interval"],
+        duration=rp["duration"],
+        paced=replay is None,
+        recorded_pace=bool(replay) and rp["recorded_pace"],
+        vllm=vllm,
+        backlog=backlog,
+        retention=Retention(store, raw_retention_s=st["raw_retention"], rollup_retention_s=st["rollup_retention"]),
+        kubernetes=kubernetes,
+        call_deadline=a["call_deadline"],
+        rules=rules,
+    )
+    try:
+        stats = asyncio.run(run_until_signal(runner, exporter, api_config(plan)))
+    finally:
+        store.close()
+    say = _echo_err
+    say(f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st['url']}")
+    if stats.rows_duplicate:
+        say(f"vgpumon agent: {stats.rows_duplicate} rows were stored already and skipped (a capture or spool replayed again)")
+    if stats.rows_folded:
+        say(f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)")
+    if stats.dead_letters:
+        say(f"vgpumon agent: {stats.dead_letters} rows the store refused were set aside in {backlog.dead_letter_path}")
+    if stats.rows_spooled:
+        say(f"vgpumon agent: {stats.rows_spooled} rows wait in the spool {backlog.spool_dir} for the next run")
+    return ExitCode.UNAVAILABLE if stats.rows_pending else ExitCode.OK
+
+
+def one_line(text: str) -> str:
+    """An error message on one line (its lines joined with "; ")."""
+    # "Value error, " is pydantic's prefix, which typer passes on for enum options
+    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
+
+
+def _echo_err(line: str) -> None:
+    print(mask_secrets(line), file=sys.stderr, flush=True)
+
+
+def exporter_config(listen: str, metrics_file: str | None) -> Any:
+    """The exporter's settings (``listen`` may be ``off``). A selection file that cannot be used is a usage error (64) before anything is sampled or stored.
+
+    Raises:
+        UsageError: the metrics selection file is missing or malformed.
+    """
+    from pathlib import Path
+
+    from vgpumon.errors import UsageError
+    from vgpumon.exporter import ExporterConfig
+    from vgpumon.exporter.selection import SelectionError, read_selection
+
+    path = None if metrics_file is None else Path(metrics_file)
+    if path is not None:
+        try:
+            read_selection(path)
+        except SelectionError as exc:
+            raise UsageError(f"--metrics-file: {exc}") from None
+    return ExporterConfig(listen=listen, metrics_file=path)
+
+
+def api_config(plan: dict[str, Any]) -> Any:
+    """The agent's ``/api/v1`` settings (``[api]``; the report's window and the rules' thresholds)."""
+    from vgpumon.exporter.api import ApiConfig
+    from vgpumon.rules.thresholds import Thresholds
+
+    a = plan["api"]
+    return ApiConfig(
+        enabled=a["enabled"], token=a["token"], stacks=a["stacks"], window_seconds=a["window"],
+        thresholds=Thresholds.from_mapping(plan["rules"]["thresholds"]),
+    )
+
+
+async def run_until_signal(agent: Any, exporter: Any = None, api: Any = None) -> Any:
+    """Run ``agent`` (and ``/metrics`` with the API when ``exporter`` is set) until its duration
+    ends or SIGINT/SIGTERM arrives; returns the agent's stats."""
+    import asyncio
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if exporter is None:
+        return await agent.run(stop)
+    from vgpumon.exporter.server import serving
+
+    # the rules engine, when the agent runs one, feeds /metrics its alerts and leak slopes
+    async with serving(agent, exporter, rules=getattr(agent, "rules", None), api=api):
+        return await agent.run(stop)
+
+
+def can_exec() -> bool:
+    """True when this process may replace itself with the lean agent (Linux ``memfd``, a known
+    interpreter, not switched off by ``VGPUMON_AGENT_EXEC=0``)."""
+    return (
+        hasattr(os, "memfd_create") and bool(sys.executable) and os.environ.get(EXEC_ENV, "1") != "0"
+    )
+
+
+def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
+    """Replace this process with ``python -m vgpumon.agent_main`` running ``plan``; ``argv`` (the
+    original command line) is appended for ``ps``. Never returns.
+
+    Raises:
+        OSError: the memory file or the exec failed (the caller runs the plan in-process instead).
+    """
+    fd = os.memfd_create("vgpumon-agent-plan", 0)  # no MFD_CLOEXEC: the new image inherits it
+    # A SIGINT/SIGTERM between the exec and the new image's handlers would kill the agent (143)
+    # instead of stopping it (0): the signal mask survives exec, so hold both until ``main``.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        os.write(fd, json.dumps(plan).encode())
+        os.lseek(fd, 0, os.SEEK_SET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *_interpreter_options(), "-m", "vgpumon.agent_main", "--plan-fd", str(fd), *argv])
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        os.close(fd)
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _interpreter_options() -> list[str]:
+    """The interpreter's own options of this process (``-X dev``, ``-u``, ``-W error``...), for
+    the exec'd one: ``sys.orig_argv`` minus the script or ``-m`` module and its arguments."""
+    orig = getattr(sys, "orig_argv", None)
+    if not orig:
+        return []
+    opts = list(orig[1 : len(orig) - len(sys.argv)])
+    if opts and opts[-1] == "-m":
+        opts.pop()
+    return opts
+
+
+def _read_plan(fd: int) -> dict[str, Any]:
+    with os.fdopen(fd, "rb") as f:
+        plan = json.loads(f.read())
+    if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
+        raise VgpumonError(
+            f"agent plan of version {plan.get('version') if isinstance(plan, dict) else '?'}; this vgpumon reads "
+            f"{PLAN_VERSION} (was vgpumon upgraded while it started? start it again)"
+        )
+    return plan
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Entry point of the exec'd agent process (see the module docstring). Exit codes as
+    ``vgpumon agent``'s: 0 on a clean stop (SIGINT/SIGTERM included), the error's code otherwise."""
+    args = sys.argv[1:] if argv is None else argv
+    # SIGTERM stops cleanly, like Ctrl-C, until the event loop takes both signals over
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        # held across the exec (exec_agent): one that came meanwhile is delivered here, as a stop
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        from vgpumon.workers import name_process
+
+        name_process("vgpumon")  # `pgrep vgpumon`, `top` keep finding the agent after the exec
+        if len(args) < 2 or args[0] != "--plan-fd":
+            print("vgpumon.agent_main is started by `vgpumon agent`; run that instead", file=sys.stderr)
+            sys.exit(ExitCode.USAGE)
+        plan = _read_plan(int(args[1]))
+        setup_logging(plan["log_level"])
+        code = run(plan)
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.OK)
+    except VgpumonError as exc:
+        print(f"vgpumon: {mask_secrets(one_line(str(exc)))}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+        if not logging.getLogger().handlers:
+            setup_logging("warning")
+        log.exception("internal error")
+        sys.exit(ExitCode.SOFTWARE)
+    sys.exit(int(code))
+
+
+if __name__ == "__main__":
+    main()
