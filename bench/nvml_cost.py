@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50, help="runs of the whole-process tools")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of 500 collector ticks (GPM path)")
+    ap.add_argument("--alternate", type=int, default=0, metavar="K",
+                    help="only vgpumon (GPM) and the bare floor, alternated K times (order and drift effects)")
     ap.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                     help="no GPU here: put bench/fake_nvml.py under nvidia-ml-py with N GPUs and compare the "
                          "Python side only (vgpumon vs bare); never a figure for the docs")
@@ -177,6 +179,12 @@ def main() -> None:
             "bare pynvml, same calls": time_bare_pynvml(args.ticks),
         }
         report(results, args.json)
+        return
+    if args.alternate:
+        for k in range(args.alternate):
+            ours, bare = time_collector(args.ticks, True, args.profile and k == 0), time_bare_pynvml(args.ticks)
+            print(f"round {k + 1}: vgpumon {ours['median_ms']:.3f} ms, bare {bare['median_ms']:.3f} ms, "
+                  f"ratio {ours['median_ms'] / bare['median_ms']:.2f}", flush=True)
         return
     results = {
         "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),

@@ -60,9 +60,19 @@ def test_function_not_found_on_old_driver_falls_back_to_memory_v1():
 def test_no_permission_degrades_one_field():
     header, ticks = scenarios.fail_call(*read_capture(IDLE_FULL), "nvmlDeviceGetTotalEnergyConsumption", NVML_ERROR_NO_PERMISSION)
     _, readings = run(header, ticks, slow_every=2)
-    slow = readings[2].samples[0]
+    slow = readings[0].samples[0]  # the energy counter is read on the first slow tick, then every 6th
     assert slow.energy_joules_total is None and slow.missing["energy_joules_total"] == "no permission"
     assert slow.ecc_uncorrected_volatile_total == 0 and slow.remapped_rows_pending is False
+    assert readings[2].samples[0].ecc_uncorrected_volatile_total == 0
+
+
+def test_the_energy_counter_is_read_every_sixth_slow_tick():
+    """3.3 ms of CPU a read (FACTS §1): read each minute at the defaults, not on every slow tick."""
+    _, readings = run(*read_capture(IDLE_FULL), slow_every=2)
+    assert len(readings) >= 21
+    read = [i for i, r in enumerate(readings[:21]) if r.samples[0].energy_joules_total is not None]
+    assert read == [0, 12]
+    assert all(r.samples[0].ecc_uncorrected_volatile_total == 0 for r in readings[:21:2])  # the rest of the slow set: every slow tick
 
 
 def test_library_mismatch_at_start_is_retried_and_recovers():

@@ -100,6 +100,9 @@ class Door:
         }
         # text fields: name → longest value the column holds
         self._text = {n: f.encoding.length or 0 for n, f in self.fields.items() if f.encoding.kind == "text"}
+        #: the numeric fields' ``(lo, hi, integral, flag)``, for callers that inline ``value``'s
+        #: common path (a plain number in range) and call ``value`` for everything else
+        self.numeric_spec = {n: spec for n, spec in self._spec.items() if n not in self._text}
         self.rejected: Counter[str] = Counter()
 
     def value(self, name: str, raw: Any, scale: float = 1.0, limit: float | None = None) -> Any:

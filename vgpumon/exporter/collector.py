@@ -13,8 +13,9 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
   vLLM server whose newest poll is older than three poll intervals is left out likewise.
 * **Slow fields keep their value between reads.** ECC, energy, BAR1, remapped rows … are read
   every ``slow_every`` ticks and are ``None`` on the ticks between (not read, not unknown): their
-  newest read is served until the next one, so the series do not flicker. A slow field the GPU
-  answered "not supported" (or a GPU going down) clears it.
+  newest read is served until the next one, so the series do not flicker (field by field: the
+  energy counter is read on every sixth slow tick only). A slow field the GPU answered "not
+  supported" (or a GPU going down) clears it.
 * **Identity in ``_info`` gauges, few labels elsewhere.** Every GPU series carries ``hostname``,
   ``gpu`` (NVML index) and ``uuid`` (as dcgm-exporter, lower case), plus ``namespace``/``pod``/
   ``container`` when the kubelet names one owner; product name, serial, bus id are labels of
@@ -245,7 +246,15 @@ class MetricsExporter(Collector):
             if not s.up:
                 slow.pop(s.uuid, None)
             elif any(getattr(s, n) is not None or n in s.missing for n in _SLOW_NAMES):
-                slow[s.uuid] = {n: getattr(s, n) for n in _SLOW_NAMES}
+                # field by field: a slow tick need not read every slow field (the energy counter
+                # is read on every sixth); one it did not read keeps its newest read
+                kept = slow.setdefault(s.uuid, {})
+                for n in _SLOW_NAMES:
+                    value = getattr(s, n)
+                    if value is not None:
+                        kept[n] = value
+                    elif n in s.missing:
+                        kept.pop(n, None)
 
     # -- each scrape -----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ Cadence by measured cost (FACTS §1, H200, driver 580): the fast set (GPM pair, 
 utilization, temperature, power, clocks, clocks-event reasons, performance state, current PCIe
 link, processes) costs a few hundred µs per GPU and runs every tick; the slow set (ECC counters by
 type and location, remapped rows, BAR1, PCIe replay counter, energy, power limit, violation times,
-modes — the energy counter alone costs 3.3 ms) runs every ``slow_every`` ticks; static facts are
+modes) runs every ``slow_every`` ticks, except the energy counter (3.3 ms of CPU alone), read on
+every ``ENERGY_EVERY_SLOW``-th slow tick; static facts are
 read at start and after a re-initialisation. ``nvmlDeviceGetPcieThroughput`` (21 ms, blocking)
 is never called on the sampling thread: with GPM, PCIe bytes/s come from GPM averaged over the
 whole tick; without GPM the backend polls the throughput call on a thread of its own.
@@ -36,6 +37,7 @@ from typing import Any
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
+from vgpumon.catalogue.door import _SENTINEL_FLOOR, sentinel
 from vgpumon.errors import NvmlUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, NvmlReading, SourceStatus, XidEvent
 from vgpumon.pcie import link_capacity_bytes_per_second
@@ -112,6 +114,12 @@ CROSSCHECK_RATIO = 0.25
 CROSSCHECK_MIN_BPS = 5e9
 CROSSCHECK_STRIKES = 3
 CROSSCHECK_POLL_SECONDS = 10.0
+#: The energy counter is read on every this-many-th slow tick (each minute at the defaults), not on
+#: every one: ``nvmlDeviceGetTotalEnergyConsumption`` keeps the CPU busy for 3.3 ms a call on the
+#: H200 (FACTS §1; bench/nvml_call_cpu.py), which at every slow tick was 0.03 % of a core, a
+#: sixth of the agent's whole CPU budget. A cumulative counter loses nothing by being read less
+#: often: energy over any window is still the difference of two reads.
+ENERGY_EVERY_SLOW = 6
 CROSSCHECK_HISTORY = 64
 #: A ``nvmlDeviceGetPcieThroughput`` reading older than this is not used for a tick.
 PCIE_THROUGHPUT_MAX_AGE_S = 15.0
@@ -195,7 +203,7 @@ class _Reader:
 
     __slots__ = (
         "backend", "index", "unsupported", "door", "rejected", "missing", "pcie_limit", "memory_limit", "watch", "generation",
-        "calls",
+        "calls", "bound", "gpu", "spec",
     )
 
     def __init__(
@@ -210,9 +218,12 @@ class _Reader:
     ) -> None:
         self.backend = backend
         self.calls = calls or {}  # LiveBackend.bound_calls: the per-tick calls without dispatch
+        self.bound = calls
+        self.gpu = gpu
         self.index = index
         self.unsupported = unsupported
         self.door = door
+        self.spec = door.numeric_spec
         self.watch = watch
         self.generation = watch.generation if watch is not None else 0
         self.rejected = door.rejected
@@ -260,10 +271,60 @@ class _Reader:
         reason was set by ``q``); an impossible value is left out with its reason."""
         if raw is None:
             return
+        # The door's own common path, inlined (this runs ~20 times per GPU per tick): a plain
+        # number, not a sentinel, inside the field's range. Anything else — text, bool, NaN,
+        # ±Inf, a sentinel, out of range, a fraction in a whole-number field — goes through
+        # ``Door.value``, which decides, counts and says why.
+        cls = raw.__class__
+        spec = self.spec.get(field)
+        if (cls is int or cls is float) and spec is not None and (raw < _SENTINEL_FLOOR or not sentinel(raw)):
+            x = raw * scale if scale != 1.0 else raw
+            lo, hi, integral, flag = spec
+            if lo <= x <= hi and (limit is None or x <= limit * (1 + 1e-6)):
+                if flag:
+                    v[field] = bool(x)
+                    return
+                if not integral:
+                    v[field] = float(x)
+                    return
+                if x == int(x):
+                    v[field] = int(x)
+                    return
         try:
             v[field] = self.door.value(field, raw, scale, limit)
         except Rejected as exc:
             self.missing[field] = exc.reason
+
+    def scalars(self, plan: tuple[tuple[str, str, tuple[Any, ...], float], ...], v: dict[str, Any]) -> None:
+        """``put(field, q(field, fn, *args), v, scale)`` for each ``(field, fn, args, scale)`` of
+        ``plan``, in one loop: the fast set's plain getters without two Python calls each.
+
+        Raises:
+            DeviceDown: on a lifecycle error.
+        """
+        unsupported, calls, watch, generation = self.unsupported, self.calls, self.watch, self.generation
+        fns = unsupported.fns
+        for field, fn, args, scale in plan:
+            call = calls.get(fn)
+            if call is None or fn in fns:
+                self.put(field, self.q(field, fn, *args), v, scale)
+                continue
+            if watch is not None:
+                watch.fn = fn
+            try:
+                raw = call(*args)
+            except NvmlCallError as exc:
+                if watch is not None and watch.generation != generation:
+                    watch.returned(self.index, fn)
+                if exc.is_lifecycle:
+                    raise DeviceDown(exc) from None
+                if exc.code in _PERMANENT:
+                    unsupported.add((fn, args, ()))
+                self.missing[field] = exc.reason
+                continue
+            if watch is not None and watch.generation != generation:
+                watch.returned(self.index, fn)  # this thread was given up on while the call hung
+            self.put(field, raw, v, scale)
 
     def field_value(self, field: str, field_id: int) -> Any:
         """One ``nvmlDeviceGetFieldValues`` id. The call succeeds when *any* entry was filled, so
@@ -298,6 +359,20 @@ class _Reader:
             self.missing[field] = f"rejected: malformed answer {str(answer)[:40]!r}"
             self.rejected[field] += 1
         return None
+
+
+#: The fast set's plain getters: (field, nvidia-ml-py function, its arguments, base units per
+#: NVML unit). ``_Reader.scalars`` reads them in one loop.
+_FAST_SCALARS: tuple[tuple[str, str, tuple[Any, ...], float], ...] = (
+    ("temperature_celsius", "nvmlDeviceGetTemperature", (NVML_TEMPERATURE_GPU,), 1.0),
+    ("power_watts", "nvmlDeviceGetPowerUsage", (), 1e-3),
+    ("sm_clock_hertz", "nvmlDeviceGetClockInfo", (NVML_CLOCK_SM,), 1e6),
+    ("memory_clock_hertz", "nvmlDeviceGetClockInfo", (NVML_CLOCK_MEM,), 1e6),
+    ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", (), 1.0),
+    ("fan_speed_ratio", "nvmlDeviceGetFanSpeed", (), 0.01),
+    ("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", (), 1.0),
+    ("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth", (), 1.0),
+)
 
 
 class NvmlSource:
@@ -340,6 +415,9 @@ class NvmlSource:
         self.rejected: Counter[str] = self.door.rejected
         self.last_success_ts: float | None = None
         self._unsupported: dict[int, _Unsupported] = {}
+        self._readers: dict[int, _Reader] = {}
+        self._slow_ticks = 0  # slow ticks so far: the energy counter is read on every ENERGY_EVERY_SLOW-th
+        self._energy_due = True
         self._tick = 0
         # device index → (reason, failures, next tick to retry)
         self._down: dict[int, tuple[str, int, int]] = {}
@@ -513,7 +591,16 @@ class NvmlSource:
                 calls = bound_calls(index)
             except NvmlCallError:
                 pass  # no handle: the first call through the backend says why
-        return _Reader(self.backend, index, unsupported, self.door, gpu, self._watch, calls)
+        if gpu is None:
+            return _Reader(self.backend, index, unsupported, self.door, gpu, self._watch, calls)
+        # one reader per device, kept while nothing it holds changed: a tick only resets its reasons
+        r = self._readers.get(index)
+        if (r is None or r.gpu is not gpu or r.unsupported is not unsupported or r.bound is not calls
+                or r.generation != self._watch.generation):
+            r = self._readers[index] = _Reader(self.backend, index, unsupported, self.door, gpu, self._watch, calls)
+        else:
+            r.missing = {}
+        return r
 
     def _identity(self, index: int) -> GpuIdentity:
         r = self._reader(index)
@@ -583,6 +670,9 @@ class NvmlSource:
             samples = tuple(self._down_sample(g, ts, reason) for g in self.gpus)
             return NvmlReading(ts, samples, (), self.status(time.perf_counter() - t0), self._take_events())
         slow = tick % self.slow_every == 0
+        if slow:
+            self._energy_due = self._slow_ticks % ENERGY_EVERY_SLOW == 0
+            self._slow_ticks += 1
         if tick and tick % self.reprobe_every == 0:
             self._reprobe()
         if self._unidentified:
@@ -814,20 +904,13 @@ class NvmlSource:
             v["activity_source"] = "utilization"
             self._pcie_throughput(r, gpu, ts, v)
 
-        r.put("temperature_celsius", r.q("temperature_celsius", "nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU), v)
         r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
-        r.put("power_watts", r.q("power_watts", "nvmlDeviceGetPowerUsage"), v, 1e-3)
-        r.put("sm_clock_hertz", r.q("sm_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_SM), v, 1e6)
-        r.put("memory_clock_hertz", r.q("memory_clock_hertz", "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM), v, 1e6)
-        r.put("clocks_event_reasons", r.q("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"), v)
+        r.scalars(_FAST_SCALARS, v)
         pstate = r.q("performance_state", "nvmlDeviceGetPerformanceState")
         if pstate == NVML_PSTATE_UNKNOWN:
             r.missing["performance_state"] = "unknown"
         else:
             r.put("performance_state", pstate, v)
-        r.put("fan_speed_ratio", r.q("fan_speed_ratio", "nvmlDeviceGetFanSpeed"), v, 0.01)
-        r.put("pcie_link_gen_current", r.q("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"), v)
-        r.put("pcie_link_width_current", r.q("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth"), v)
         self._processes(r, v)
         if slow:
             self._slow(r, gpu, ts, v)
@@ -912,7 +995,8 @@ class NvmlSource:
             ("ecc_uncorrected_volatile_sram_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM),
         ):
             r.put(field, r.q(field, "nvmlDeviceGetMemoryErrorCounter", etype, NVML_VOLATILE_ECC, location), v)
-        r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
+        if self._energy_due:
+            r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
         bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
         if bar1 is not None:
             r.put("bar1_total_bytes", r.get("bar1_total_bytes", bar1, "bar1Total"), v)

@@ -1,0 +1,123 @@
+"""Where a fast-set sample's time goes, on one GPU host, in one process and alternating rounds:
+
+* ``vgpumon``: ``NvmlSource.sample()`` with the slow set off (what the agent does each tick);
+* ``vgpumon calls only``: the same NVML calls through the same bound ctypes functions and GPM
+  buffers, nothing done with the answers (vgpumon's call mechanism, without its processing);
+* ``bare``: nvidia-ml-py making the same calls (the floor the issue compares with).
+
+Each is timed two ways: with a pause between ticks (``--gap`` ms, as the agent sleeps between
+ticks: caches cool, the thread may wake on another core) and back to back.
+
+Usage: python3 bench/fast_set_breakdown.py [--ticks 1000] [--rounds 3] [--gap 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def timed(fn, ticks: int, gap_s: float) -> float:
+    out = []
+    for _ in range(ticks):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+        if gap_s:
+            time.sleep(gap_s)
+    return statistics.median(out) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ticks", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gap", type=float, default=2.0, help="ms between ticks in the paused runs")
+    ap.add_argument("--fake-gpus", type=int, default=0)
+    args = ap.parse_args()
+    if args.fake_gpus:
+        import fake_nvml
+
+        fake_nvml.install(args.fake_gpus)
+    import pynvml as nv
+
+    from nvml_cost import time_bare_pynvml  # noqa: F401  (same calls; kept in step with it)
+    from vgpumon.sources.nvml import GPM_METRICS, NvmlSource
+
+    src = NvmlSource(slow_every=10**9, use_gpm=True)
+    gpus = src.start()
+    src.sample()
+    src.sample()
+    backend = src.backend
+    handles = [backend._handle(g.index) for g in gpus]
+    bound = [backend.bound_calls(g.index) for g in gpus]
+
+    def calls_only() -> None:
+        for g, b in zip(gpus, bound):
+            b["nvmlDeviceGetMemoryInfo"](version=nv.nvmlMemory_v2)
+            b["nvmlDeviceGetUtilizationRates"]()
+            backend.gpm(g.index, GPM_METRICS)
+            b["nvmlDeviceGetTemperature"](0)
+            b["nvmlDeviceGetFieldValues"]((82,))
+            b["nvmlDeviceGetPowerUsage"]()
+            b["nvmlDeviceGetClockInfo"](1)
+            b["nvmlDeviceGetClockInfo"](2)
+            b["nvmlDeviceGetCurrentClocksEventReasons"]()
+            b["nvmlDeviceGetPerformanceState"]()
+            b["nvmlDeviceGetCurrPcieLinkGeneration"]()
+            b["nvmlDeviceGetCurrPcieLinkWidth"]()
+            b["nvmlDeviceGetComputeRunningProcesses"]()
+
+    metric_ids = (2, 3, 5, 10, 20, 21)
+    bufs = {i: [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()] for i in range(len(handles))}
+    cur = {i: 0 for i in bufs}
+    for i, h in enumerate(handles):
+        nv.nvmlGpmSampleGet(h, bufs[i][0])
+        cur[i] = 1
+
+    def bare() -> None:
+        for i, h in enumerate(handles):
+            nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+            nv.nvmlDeviceGetUtilizationRates(h)
+            c = cur[i]
+            nv.nvmlGpmSampleGet(h, bufs[i][c])
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(metric_ids)
+            req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
+            for k, m in enumerate(metric_ids):
+                req.metrics[k].metricId = m
+            nv.nvmlGpmMetricsGet(req)
+            cur[i] = 1 - c
+            nv.nvmlDeviceGetTemperature(h, 0)
+            nv.nvmlDeviceGetFieldValues(h, [82])
+            nv.nvmlDeviceGetPowerUsage(h)
+            nv.nvmlDeviceGetClockInfo(h, 1)
+            nv.nvmlDeviceGetClockInfo(h, 2)
+            nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+            nv.nvmlDeviceGetPerformanceState(h)
+            nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
+            nv.nvmlDeviceGetCurrPcieLinkWidth(h)
+            nv.nvmlDeviceGetComputeRunningProcesses(h)
+
+    runs = {"vgpumon": src.sample, "vgpumon calls only": calls_only, "bare pynvml": bare}
+    n = max(len(gpus), 1)
+    print(f"{len(gpus)} GPU(s); per GPU, median ms; {args.ticks} ticks a run, {args.rounds} rounds")
+    print(f"{'round':<6} " + " ".join(f"{name + (' paused' if g else ' b2b'):>26}" for g in (1, 0) for name in runs))
+    for r in range(args.rounds):
+        cells = []
+        for gap in (args.gap / 1e3, 0.0):
+            for fn in runs.values():
+                cells.append(timed(fn, args.ticks, gap) / n)
+        print(f"{r + 1:<6} " + " ".join(f"{c:>26.3f}" for c in cells), flush=True)
+    src.close()
+
+
+if __name__ == "__main__":
+    main()
