@@ -59,6 +59,27 @@ def main() -> None:
         rows.append(("nvmlEventSetWait_v2 200 ms, no event", *measure(wait, args.repeat)))
     finally:
         nv.nvmlEventSetFree(es)
+    # the rest of the slow set, call by call (what a slow tick costs besides energy)
+    slow_calls = [
+        ("nvmlDeviceGetTotalEccErrors x4", lambda: [nv.nvmlDeviceGetTotalEccErrors(h, e, c) for e in (0, 1) for c in (0, 1)]),
+        ("nvmlDeviceGetMemoryErrorCounter x4", lambda: [nv.nvmlDeviceGetMemoryErrorCounter(h, e, 0, loc) for e in (0, 1) for loc in (1, 3)]),
+        ("nvmlDeviceGetBAR1MemoryInfo", lambda: nv.nvmlDeviceGetBAR1MemoryInfo(h)),
+        ("nvmlDeviceGetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
+        ("nvmlDeviceGetRemappedRows", lambda: nv.nvmlDeviceGetRemappedRows(h)),
+        ("nvmlDeviceGetEnforcedPowerLimit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h)),
+        ("nvmlDeviceGetViolationStatus x2", lambda: [nv.nvmlDeviceGetViolationStatus(h, p) for p in (0, 1)]),
+        ("nvmlDeviceGetPersistenceMode", lambda: nv.nvmlDeviceGetPersistenceMode(h)),
+        ("nvmlDeviceGetComputeMode", lambda: nv.nvmlDeviceGetComputeMode(h)),
+        ("nvmlDeviceGetMigMode", lambda: nv.nvmlDeviceGetMigMode(h)),
+    ]
+    for name, fn in slow_calls:
+        def guarded(fn=fn) -> None:
+            try:
+                fn()
+            except nv.NVMLError:
+                pass
+
+        rows.append((name, *measure(guarded, args.repeat)))
     nv.nvmlShutdown()
 
     from vgpumon.sources.nvml import NvmlSource
