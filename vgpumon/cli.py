@@ -13,7 +13,6 @@ default (``vgpumon.config``), which also validates it and names the option in th
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -579,6 +578,8 @@ def record(
     assert a.hostname is not None
     runner = Agent(source, None, hostname=a.hostname, interval=a.interval, duration=duration)  # type: ignore[arg-type]
     try:
+        import asyncio
+
         stats = asyncio.run(_run_until_signal(runner))
     finally:
         recorder.close()

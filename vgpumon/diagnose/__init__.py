@@ -15,9 +15,22 @@ per-GPU figures and health areas), ``context`` (vLLM servers, processes, trends,
 Decisions: docs/diagnose.md.
 """
 
+from typing import Any
+
 from vgpumon.diagnose.findings import SEVERITY_RANK, iso
-from vgpumon.diagnose.gpus import CUMULATIVE, HEALTH_AREAS, LAST_COLUMNS, NOT_HEALTH, WINDOW_COLUMNS
 from vgpumon.diagnose.report import SEVERITY_EXIT, build_report, exit_code, parse_since, resolve_host, unknown_report
+
+#: Names of ``vgpumon.diagnose.gpus``, loaded on first use: they need the store (SQLAlchemy),
+#: which a report fetched from the agent does not (``vgpumon diagnose HOST`` starts faster).
+_FROM_GPUS = frozenset({"CUMULATIVE", "HEALTH_AREAS", "LAST_COLUMNS", "NOT_HEALTH", "WINDOW_COLUMNS"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_GPUS:
+        from vgpumon.diagnose import gpus
+
+        return getattr(gpus, name)
+    raise AttributeError(f"module 'vgpumon.diagnose' has no attribute {name!r}")
 
 #: Former name of ``iso`` (``vgpumon db stats`` and older callers).
 _iso = iso

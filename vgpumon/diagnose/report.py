@@ -11,10 +11,9 @@ prints it as it is; the agent's ``/api/v1/diagnose`` serves it. Decisions: docs/
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpumon.config import default_hostname
-from vgpumon.diagnose import context
 from vgpumon.diagnose.findings import (
     GPU_SUBJECTS,
     XID_RULES,
@@ -26,10 +25,11 @@ from vgpumon.diagnose.findings import (
     unreadable_now,
     verdict,
 )
-from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
 from vgpumon.errors import ExitCode
 from vgpumon.rules.core import duration
-from vgpumon.store import Store
+
+if TYPE_CHECKING:
+    from vgpumon.store import Store
 
 SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
 _DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_appeared")
@@ -136,6 +136,8 @@ def build_report(
     Raises:
         StoreUnavailableError: the store cannot be read.
     """
+    from vgpumon.diagnose import context
+    from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
     from vgpumon.rules.thresholds import Thresholds
 
     now = time.time() if now is None else now

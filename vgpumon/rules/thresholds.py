@@ -167,10 +167,14 @@ class Thresholds:
         Raises:
             ValueError: an unknown key, a value of the wrong type, or an unknown rule name.
         """
-        from vgpumon.rules.catalogue import RULES  # the names ``for``/``disabled`` may use
-
-        names = {r.name for r in RULES}
         known = {f.name: f for f in dataclasses.fields(cls)}
+        names: set[str] = set()
+        if any(k in ("for", "for_seconds", "disabled") for k in values):
+            # the rule names ``for``/``disabled`` may use; loaded only then: the catalogue imports
+            # every rule and, through their views, the store (every command checks its settings)
+            from vgpumon.rules.catalogue import RULES
+
+            names = {r.name for r in RULES}
         kw: dict[str, Any] = {}
         for key, value in values.items():
             key = "for_seconds" if key == "for" else key
