@@ -128,3 +128,14 @@ def test_a_stop_signal_right_at_the_exec_stops_cleanly(tmp_path, sig):
             proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_path):
+    """``python -X dev -c '…main()' agent …``: the exec keeps ``-X dev`` and drops ``-c``."""
+    out = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", "from vgpumon.launch import main; main()", "agent", "--replay", str(H200_CAPTURE),
+         "--duration", "3s", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        capture_output=True, text=True, env=_env(), timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "rows stored in sqlite:///" in out.stderr

@@ -12,7 +12,7 @@ The plan travels on an inherited, unlinked memory file (``memfd``) whose descrip
 ``--plan-fd``: never in argv or the environment, since it holds the store URL's password and the
 API token. The process keeps its PID, its standard streams, its working directory (relative
 paths mean the same) and its name (``vgpumon``). Where exec is not possible (no ``memfd``, no
-``sys.executable``), when ``VGPUMON_AGENT_EXEC=0``, or when the CLI runs inside another program
+``sys.executable``, a frozen build), when ``VGPUMON_AGENT_EXEC=0``, or when the CLI runs inside another program
 (tests, ``CliRunner``), the same ``run`` executes in the calling process.
 
 Usage (by ``vgpumon agent`` only): ``python -m vgpumon.agent_main --plan-fd N [agent ARGS...]``
@@ -263,7 +263,8 @@ def can_exec() -> bool:
     """True when this process may replace itself with the lean agent (Linux ``memfd``, a known
     interpreter, not switched off by ``VGPUMON_AGENT_EXEC=0``)."""
     return (
-        hasattr(os, "memfd_create") and bool(sys.executable) and os.environ.get(EXEC_ENV, "1") != "0"
+        hasattr(os, "memfd_create") and bool(sys.executable) and not getattr(sys, "frozen", False)
+        and os.environ.get(EXEC_ENV, "1") != "0"
     )
 
 
@@ -301,7 +302,7 @@ def _interpreter_options() -> list[str]:
     if not orig:
         return []
     opts = list(orig[1 : len(orig) - len(sys.argv)])
-    if opts and opts[-1] == "-m":
+    if opts and opts[-1] in ("-m", "-c"):  # the module or code run stands in sys.argv[0]
         opts.pop()
     return opts
 
