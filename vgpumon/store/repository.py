@@ -817,13 +817,15 @@ class Store:
         out: dict[int, dict[str, tuple[float, Any] | None]] = {g: {n: None for n in columns} for g in gpu_ids}
         if not gpu_ids or not columns:
             return out
+        # statements built once per column set, with bound parameters (the rules ask every 15 s)
+        cols = tuple(columns)
+        raw = self._stmt(("last_raw", cols), lambda: select(c.gpu_id, c.ts, *(c[n] for n in cols))
+                         .where(and_(c.gpu_id.in_(bindparam("gids", expanding=True)), c.ts >= bindparam("start"),
+                                     c.ts <= bindparam("end")))
+                         .order_by(c.gpu_id, c.ts.desc()))
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(c.gpu_id, c.ts, *(c[n] for n in columns))
-                    .where(and_(c.gpu_id.in_(list(gpu_ids)), c.ts >= end - self.LAST_RAW_SECONDS, c.ts <= end))
-                    .order_by(c.gpu_id, c.ts.desc())
-                ).all()
+                rows = conn.execute(raw, {"gids": list(gpu_ids), "start": end - self.LAST_RAW_SECONDS, "end": end}).all()
                 for r in rows:
                     found = out[r[0]]
                     for i, n in enumerate(columns):
@@ -835,15 +837,20 @@ class Store:
                     missing = {n: col for n, col in missing.items() if col is not None}
                     if not missing:
                         continue
-                    where = and_(rc.gpu_id == gid, rc.ts >= end - self.LAST_RAW_SECONDS - self.LAST_ROLLUP_SECONDS, rc.ts <= end)
+                    key = tuple(missing.items())
+                    newest_stmt = self._stmt(("last_rollup_ts", key), lambda: select(
+                        *(type_coerce(func.max(case((rc[col].is_not(None), rc.ts))), rc.ts.type).label(n) for n, col in key)
+                    ).where(and_(rc.gpu_id == bindparam("gid"), rc.ts >= bindparam("start"), rc.ts <= bindparam("end"))))
                     newest = conn.execute(
-                        select(*(type_coerce(func.max(case((rc[col].is_not(None), rc.ts))), rc.ts.type).label(n) for n, col in missing.items()))
-                        .where(where)
+                        newest_stmt,
+                        {"gid": gid, "start": end - self.LAST_RAW_SECONDS - self.LAST_ROLLUP_SECONDS, "end": end},
                     ).one()
                     for n, col in missing.items():
                         ts = getattr(newest, n)
                         if ts is not None:
-                            out[gid][n] = (ts, conn.scalar(select(rc[col]).where(and_(rc.gpu_id == gid, rc.ts == ts))))
+                            value_stmt = self._stmt(("last_rollup_value", col), lambda col=col: select(rc[col]).where(
+                                and_(rc.gpu_id == bindparam("gid"), rc.ts == bindparam("ts"))))
+                            out[gid][n] = (ts, conn.scalar(value_stmt, {"gid": gid, "ts": ts}))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return out
