@@ -12,11 +12,17 @@ import subprocess
 import sys
 import time
 
+import shutil
+from pathlib import Path
+
 import pytest
 from conftest import H200_CAPTURE
 
 from vgpumon import agent_main
 from vgpumon.errors import ExitCode
+
+#: the console script, as a user types it (the exec must not depend on how the CLI was started)
+SCRIPT = shutil.which("vgpumon", path=str(Path(sys.executable).parent))
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the agent's process is Linux's (memfd, /proc)")
 
@@ -45,11 +51,12 @@ def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_
     )
     try:
         cmdline = lambda: open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: E731
-        _wait_for(lambda: b"vgpumon.agent_main" in cmdline())  # the same PID, now the lean agent
+        _wait_for(lambda: b"--plan-fd" in cmdline())  # the same PID, now the lean agent
         time.sleep(1.5)  # its first ticks: everything the agent imports is loaded
         with open(f"/proc/{proc.pid}/comm") as f:
             assert f.read().strip() == "vgpumon"  # pgrep / top still find it by name
         assert token.encode() not in b" ".join(cmdline())  # the plan travels in a memfd, not argv
+        assert b"vgpumon agent --replay" in b" ".join(cmdline())  # pgrep -f 'vgpumon agent' finds it
         with open(f"/proc/{proc.pid}/maps") as f:
             maps = f.read()
         assert "_pydantic_core" not in maps  # the settings' libraries stayed behind
@@ -120,7 +127,7 @@ def test_a_stop_signal_right_at_the_exec_stops_cleanly(tmp_path, sig):
         stderr=subprocess.PIPE, text=True, env=_env(),
     )
     try:
-        _wait_for(lambda: b"vgpumon.agent_main" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
+        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -139,3 +146,37 @@ def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_
     )
     assert out.returncode == 0, out.stderr
     assert "rows stored in sqlite:///" in out.stderr
+
+
+def test_the_agent_never_runs_code_from_its_working_directory(tmp_path):
+    """Started from a directory that holds a ``vgpumon/`` of its own (a checkout, ``/tmp``), the
+    exec'd agent still runs the install that checked its settings."""
+    evil = tmp_path / "cwd" / "vgpumon"
+    evil.mkdir(parents=True)
+    (evil / "__init__.py").write_text("")
+    (evil / "agent_main.py").write_text("import sys\nprint('EVIL agent_main', file=sys.stderr)\nsys.exit(99)\n")
+    out = subprocess.run(
+        [SCRIPT or sys.executable, *([] if SCRIPT else ["-m", "vgpumon"]), "agent", "--replay", str(H200_CAPTURE),
+         "--duration", "3s", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        capture_output=True, text=True, env=_env(), timeout=60, cwd=tmp_path / "cwd",
+    )
+    assert "EVIL" not in out.stderr and out.returncode == 0, out.stderr
+    assert "rows stored in sqlite:///" in out.stderr
+
+
+def test_a_password_on_the_command_line_is_masked_in_the_agents_argv(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool"),
+         "--alert-webhook", "http://alerts:Hunter2secret@127.0.0.1:9/hook"],
+        stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    try:
+        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
+        argv = open(f"/proc/{proc.pid}/cmdline", "rb").read()
+        assert b"Hunter2secret" not in argv and b"127.0.0.1:9/hook" in argv
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -68,7 +68,7 @@ def test_half_the_load_leaves_room_for_seven_cards_a_switch(tmp_path):
     assert p["headroom_cards"] == 7  # floor(0.8 × 15.75 / 0.8125) − 8
     assert p["projections"][-1] == {"add": 4, "p95_share": pytest.approx(6.5e9 * 12 / 8 / GEN3_X16, rel=1e-3)}
     missing = run("capacity", "nope", "--db", url)
-    assert missing.returncode == 0 and "nope is not in the store" in missing.stderr
+    assert missing.returncode == 64 and "nope is not in the store" in missing.stderr  # a mistyped host is a usage error
 
 
 def test_the_recorded_copy_phase_saturates_the_incidents_gen5_switches(tmp_path):

@@ -15,8 +15,9 @@ paths mean the same) and its name (``vgpumon``). Where exec is not possible (no 
 ``sys.executable``, a frozen build), when ``VGPUMON_AGENT_EXEC=0``, or when the CLI runs inside another program
 (tests, ``CliRunner``), the same ``run`` executes in the calling process.
 
-Usage (by ``vgpumon agent`` only): ``python -m vgpumon.agent_main --plan-fd N [agent ARGS...]``
-(the trailing arguments are the original command line, kept for ``ps``; they are not read).
+Started by ``vgpumon agent`` only, as ``python -c BOOT ROOT --plan-fd N vgpumon agent ARGS...``
+(``ROOT``: where the CLI's ``vgpumon`` package lives; the trailing arguments are the original
+command line, passwords masked, kept for ``ps`` and ``pgrep -f 'vgpumon agent'``; not read).
 """
 
 from __future__ import annotations
@@ -269,8 +270,8 @@ def can_exec() -> bool:
 
 
 def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
-    """Replace this process with ``python -m vgpumon.agent_main`` running ``plan``; ``argv`` (the
-    original command line) is appended for ``ps``. Never returns.
+    """Replace this process with the lean agent (``_BOOT``, then ``main``) running ``plan``;
+    ``argv`` (the original command line, passwords masked) is appended for ``ps``. Never returns.
 
     Raises:
         OSError: the memory file or the exec failed (the caller runs the plan in-process instead).
@@ -284,7 +285,8 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
         os.lseek(fd, 0, os.SEEK_SET)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, *_interpreter_options(), "-m", "vgpumon.agent_main", "--plan-fd", str(fd), *argv])
+        os.execv(sys.executable, [sys.executable, *_interpreter_options(), "-c", _BOOT, _package_root(), "--plan-fd", str(fd),
+                                  "vgpumon", *(mask_secrets(a) for a in argv)])
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(fd)
@@ -293,6 +295,30 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+#: The new image's first lines. ``python -m`` or ``-c`` would put the working directory first on
+#: ``sys.path``, so an agent started from a directory holding a ``vgpumon/`` (a checkout, ``/tmp``)
+#: would run that directory's code: the working directory is taken off the path and the
+#: directory the CLI's own ``vgpumon`` came from is put there instead, so the agent runs exactly
+#: the install that checked its settings. Its argv (after the code) is that directory, then
+#: ``--plan-fd N``, then ``vgpumon agent …`` as typed, passwords masked, for ``ps``/``pgrep -f``.
+_BOOT = (
+    "import sys\n"
+    "root = sys.argv.pop(1)\n"
+    "if sys.path and sys.path[0] in ('', '.'):\n"
+    "    sys.path.pop(0)\n"
+    "if root not in sys.path:\n"
+    "    sys.path.insert(0, root)\n"
+    "from vgpumon.agent_main import main\n"
+    "main()\n"
+)
+
+
+def _package_root() -> str:
+    """The directory holding the ``vgpumon`` package this process runs."""
+    import vgpumon
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(vgpumon.__file__)))
 
 
 def _interpreter_options() -> list[str]:

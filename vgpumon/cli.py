@@ -13,8 +13,10 @@ default (``vgpumon.config``), which also validates it and names the option in th
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import sys
 import threading
 from enum import Enum
@@ -636,14 +638,14 @@ def diagnose(
     ] = None,
     stacks: Annotated[
         bool,
-        typer.Option("--stacks", help="Also show a py-spy dump of each vLLM server process (asks the agent; its config must allow it: [api] stacks)."),
+        typer.Option("--stacks", help="Also show a py-spy dump of each vLLM server process (asks the agent; its config must allow it: setting api.stacks)."),
     ] = False,
 ) -> None:
     """The on-call report of one host: verdict and top reasons first, then the findings with
     what to do, GPUs, health, vLLM servers, processes, trends and data freshness.
 
     Without --db the host's agent is asked (HOST:PORT, its /api/v1/diagnose, token from
-    VGPUMON_API_TOKEN or [api] token); when it cannot be reached, the store (setting store.url)
+    VGPUMON_API_TOKEN or setting api.token); when it cannot be reached, the store (setting store.url)
     answers instead, with a note. With --db only that store is read, for a host whose agent is
     down. Exit status follows monitoring-plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
     3 UNKNOWN. Reads only: never creates or changes a file.
@@ -672,10 +674,14 @@ def diagnose(
         rep = _report_from_store(settings, name, since, note=note, quiet=note is not None)
         if stacks:
             rep["stacks_note"] = "--stacks needs the host's agent; this report came from the store"
-    if as_json:
-        typer.echo(json.dumps(rep, indent=2))
-    else:
-        print_diagnose(rep, console())
+    try:
+        if as_json:
+            typer.echo(json.dumps(rep, indent=2))
+        else:
+            print_diagnose(rep, console())
+        sys.stdout.flush()
+    except BrokenPipeError:  # `vgpumon diagnose … | head -1` from monitoring: the verdict still counts
+        _silence_stdout()
     raise typer.Exit(exit_code(rep))
 
 
@@ -820,7 +826,7 @@ def capacity(
         except OSError as exc:
             raise UsageError(f"--html: cannot write {html}: {exc.strerror or exc}") from None
     for name in result["unknown_hosts"]:
-        _echo_err(f"vgpumon capacity: {name} is not in the store")
+        _echo_err(f"vgpumon: {name} is not in the store (capacity reviews the hosts it holds)")
     if as_json:
         for h in result["hosts"]:  # the plots' series stay in the HTML file
             for item in (*h["gpus"], *h["shared"]):
@@ -830,6 +836,8 @@ def capacity(
         print_review(result, console())
         if html is not None:
             typer.echo(f"plots written to {html}")
+    if result["unknown_hosts"]:  # a host named on the command line that the store does not hold
+        raise typer.Exit(ExitCode.USAGE)
 
 
 @config_app.command("show")
@@ -885,6 +893,21 @@ def _one_line(text: str) -> str:
     return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
 
 
+#: Errors writing the output (stdout on a full disk, a gone terminal): one line, exit 74.
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EPIPE, errno.EDQUOT})
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit cannot fail
+    again (a traceback after the one line)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
@@ -895,7 +918,14 @@ def main(argv: list[str] | None = None) -> None:
     install_signal_handlers(argv)
     interrupted = ExitCode.OK if stops_cleanly(argv) else ExitCode.INTERRUPTED
     try:
-        rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
+        try:
+            rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
+        except SystemExit as exc:
+            # typer exits 1 when the reader of stdout goes away (`vgpumon rules list | head`),
+            # after wrapping stdout to pacify its last flush: not a WARNING, the output was taken
+            if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+                sys.exit(ExitCode.OK)
+            raise
         if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
             rv = interrupted
     except _USAGE_ERROR as exc:
@@ -911,6 +941,15 @@ def main(argv: list[str] | None = None) -> None:
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(_one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `vgpumon … | head`: the reader had enough; not a failure
+        _silence_stdout()
+        sys.exit(ExitCode.OK)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        _silence_stdout()
+        print(f"vgpumon: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(ExitCode.IOERR)
     except _CLICK_EXCEPTION as exc:
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)

@@ -140,6 +140,8 @@ def check_store_url(url: str) -> str:
         raise ValueError(f"vgpumon stores into SQLite or Postgres, not {backend!r}")
     if backend == "sqlite" and not parsed.database:
         raise ValueError("a SQLite store needs a file: sqlite:///path/to/vgpumon.db")
+    if backend == "sqlite" and (parsed.database == ":memory:" or str(parsed.query.get("mode", "")) == "memory"):
+        raise ValueError("an in-memory SQLite store keeps nothing and no other command can read it; give a file: sqlite:///path/to/vgpumon.db")
     return url
 
 

@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     DATAERR = 65  # EX_DATAERR: an input file (capture, config file) is missing or malformed
     UNAVAILABLE = 69  # EX_UNAVAILABLE: no NVIDIA driver / library, or the store cannot be used
     SOFTWARE = 70  # EX_SOFTWARE: unexpected internal error
+    IOERR = 74  # EX_IOERR: the output could not be written (disk full, a closed terminal)
     INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C (every command but the agent, which stops cleanly: 0)
 
 

@@ -13,6 +13,7 @@ of the output answer the question even in a narrow pager or a monitoring plugin'
 from __future__ import annotations
 
 import io
+import os
 from typing import Any, Sequence
 
 from rich import box
@@ -47,6 +48,21 @@ def sparkline(values: Sequence[float | None], top: float | None = None) -> str:
     return "".join(out)
 
 
+class _ReportConsole(Console):
+    """A console whose reader may stop reading (``| head -1`` in a monitoring check): the rest of
+    the output is dropped and the command goes on to its own exit code. rich's default exits 1,
+    which is WARNING in vgpumon's exit-code table."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def console(file: Any = None, *, width: int | None = None, color: bool | None = None) -> Console:
     """A rich console for reports. ``color`` ``None``: colour and width of a terminal when the
     output is one; otherwise (a file, a pipe, a monitoring plugin) no colour and ``PIPE_WIDTH``
@@ -56,7 +72,7 @@ def console(file: Any = None, *, width: int | None = None, color: bool | None = 
     terminal = probe.is_terminal if color is None else color
     if width is None and not probe.is_terminal:
         width = PIPE_WIDTH
-    return Console(file=file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False)
+    return _ReportConsole(file=file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False)
 
 
 def _show(table: str | None, name: str, value: Any, reason: str | None = None) -> str:

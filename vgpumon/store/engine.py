@@ -167,7 +167,10 @@ def make_engine(
             # a URL's own mode=ro too: with no -shm it would create -wal and -shm
             parsed = _sqlite_read_url(file, _sqlite_read_mode(file))
         elif file is not None and create_dirs and not read_only:
-            file.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailableError(f"cannot create the store's directory {file.parent}: {exc.strerror or exc}") from None
     else:
         kwargs["pool_pre_ping"] = True
         connect_args: dict[str, Any] = {}

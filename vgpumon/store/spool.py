@@ -130,9 +130,9 @@ class Backlog:
 
     def _load(self) -> None:
         assert self.spool_dir is not None
-        if not self.spool_dir.exists():
-            return  # created on first use: an agent whose store never fails leaves no directory
         try:
+            if not self.spool_dir.exists():
+                return  # created on first use: an agent whose store never fails leaves no directory
             names = sorted(p for p in self.spool_dir.iterdir() if p.suffix == ".json")
             for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash: never a batch
                 stale.unlink(missing_ok=True)

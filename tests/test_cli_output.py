@@ -1,0 +1,59 @@
+"""Where the output goes wrong, not the input: a monitoring check that reads one line and closes
+the pipe keeps the verdict's exit code; a full disk is one line and exit 74, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import H200_CAPTURE
+
+VGPUMON = [sys.executable, "-m", "vgpumon"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("output")
+    out = subprocess.run(VGPUMON + ["agent", "--replay", str(H200_CAPTURE), "--db", str(d / "s.db"), "--hostname", "h",
+                                    "--listen", "off", "--spool", str(d / "spool")],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr
+    return d / "s.db"
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
+
+
+def _reader_gone(args: list[str]) -> tuple[int, str]:
+    """Run with a stdout pipe whose reader has already gone (closed before the command starts
+    writing: the interpreter alone takes longer to start), as after `| head -1`."""
+    p = subprocess.Popen(VGPUMON + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    p.stdout.close()  # type: ignore[union-attr]
+    err = p.stderr.read()  # type: ignore[union-attr]
+    return p.wait(timeout=60), err
+
+
+@pytest.mark.parametrize(("extra", "code"), [([], 0), (["--max-age", "2m"], 3)], ids=["ok", "stale"])
+def test_diagnose_piped_to_head_keeps_its_verdict(store, extra, code):
+    rc, err = _reader_gone(["diagnose", "h", "--db", str(store), *extra])
+    assert rc == code, err
+    assert "Traceback" not in err
+
+
+def test_a_listing_piped_to_head_is_not_a_warning():
+    rc, err = _reader_gone(["rules", "list"])
+    assert rc == 0, err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_is_one_line_and_exit_74(store):
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(VGPUMON + ["diagnose", "h", "--db", str(store)], stdout=full, stderr=subprocess.PIPE, text=True,
+                             env=_env(), timeout=60)
+    assert out.returncode == 74
+    lines = out.stderr.strip().splitlines()
+    assert lines == ["vgpumon: cannot write the output: No space left on device"]
