@@ -47,7 +47,7 @@ def main() -> None:
         fake_nvml.install(args.fake_gpus)
     import pynvml as nv
 
-    from nvml_cost import time_bare_pynvml  # noqa: F401  (same calls; kept in step with it)
+    from nvml_cost import bare_tick
     from vgpumon.sources.nvml import GPM_METRICS, NvmlSource
 
     src = NvmlSource(slow_every=10**9, use_gpm=True)
@@ -74,37 +74,7 @@ def main() -> None:
             b["nvmlDeviceGetCurrPcieLinkWidth"]()
             b["nvmlDeviceGetComputeRunningProcesses"]()
 
-    metric_ids = (2, 3, 5, 10, 20, 21)
-    bufs = {i: [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()] for i in range(len(handles))}
-    cur = {i: 0 for i in bufs}
-    for i, h in enumerate(handles):
-        nv.nvmlGpmSampleGet(h, bufs[i][0])
-        cur[i] = 1
-
-    def bare() -> None:
-        for i, h in enumerate(handles):
-            nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-            nv.nvmlDeviceGetUtilizationRates(h)
-            c = cur[i]
-            nv.nvmlGpmSampleGet(h, bufs[i][c])
-            req = nv.c_nvmlGpmMetricsGet_t()
-            req.version = nv.NVML_GPM_METRICS_GET_VERSION
-            req.numMetrics = len(metric_ids)
-            req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
-            for k, m in enumerate(metric_ids):
-                req.metrics[k].metricId = m
-            nv.nvmlGpmMetricsGet(req)
-            cur[i] = 1 - c
-            nv.nvmlDeviceGetTemperature(h, 0)
-            nv.nvmlDeviceGetFieldValues(h, [82])
-            nv.nvmlDeviceGetPowerUsage(h)
-            nv.nvmlDeviceGetClockInfo(h, 1)
-            nv.nvmlDeviceGetClockInfo(h, 2)
-            nv.nvmlDeviceGetCurrentClocksEventReasons(h)
-            nv.nvmlDeviceGetPerformanceState(h)
-            nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
-            nv.nvmlDeviceGetCurrPcieLinkWidth(h)
-            nv.nvmlDeviceGetComputeRunningProcesses(h)
+    bare = bare_tick(nv, handles)  # the same calls through nvidia-ml-py (bench/nvml_cost.py)
 
     runs = {"vgpumon": src.sample, "vgpumon calls only": calls_only, "bare pynvml": bare}
     n = max(len(gpus), 1)

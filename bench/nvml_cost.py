@@ -68,14 +68,11 @@ def time_collector(ticks: int, use_gpm: bool, profile: bool = False) -> dict[str
     return summary(out, max(len(gpus), 1))
 
 
-def time_bare_pynvml(ticks: int) -> dict[str, float]:
-    """The floor: nvidia-ml-py making the calls vgpumon's fast set makes on a Hopper GPU, in the
-    same order, with nothing done to the answers (GPM buffers reused as vgpumon does; the fan
-    call left out because the H200 answers it "not supported" and vgpumon stops asking)."""
-    import pynvml as nv
-
-    nv.nvmlInit()
-    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+def bare_tick(nv, handles):
+    """The floor: a function making, with nvidia-ml-py, the calls vgpumon's fast set makes on a
+    Hopper GPU for every GPU of ``handles``, in the same order, with nothing done to the answers
+    (GPM buffers reused as vgpumon does; the fan call left out because the H200 answers it "not
+    supported" and vgpumon stops asking)."""
     metric_ids = (2, 3, 5, 10, 20, 21)
     bufs, cur = {}, {}
     for i, h in enumerate(handles):
@@ -83,35 +80,45 @@ def time_bare_pynvml(ticks: int) -> dict[str, float]:
         nv.nvmlGpmSampleGet(h, bufs[i][0])
         cur[i] = 1
 
-    def one(i: int, h) -> None:
-        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-        nv.nvmlDeviceGetUtilizationRates(h)
-        c = cur[i]
-        nv.nvmlGpmSampleGet(h, bufs[i][c])
-        req = nv.c_nvmlGpmMetricsGet_t()
-        req.version = nv.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(metric_ids)
-        req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
-        for k, m in enumerate(metric_ids):
-            req.metrics[k].metricId = m
-        nv.nvmlGpmMetricsGet(req)
-        cur[i] = 1 - c
-        nv.nvmlDeviceGetTemperature(h, 0)
-        nv.nvmlDeviceGetFieldValues(h, [82])  # HBM temperature
-        nv.nvmlDeviceGetPowerUsage(h)
-        nv.nvmlDeviceGetClockInfo(h, 1)
-        nv.nvmlDeviceGetClockInfo(h, 2)
-        nv.nvmlDeviceGetCurrentClocksEventReasons(h)
-        nv.nvmlDeviceGetPerformanceState(h)
-        nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
-        nv.nvmlDeviceGetCurrPcieLinkWidth(h)
-        nv.nvmlDeviceGetComputeRunningProcesses(h)
+    def tick() -> None:
+        for i, h in enumerate(handles):
+            nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+            nv.nvmlDeviceGetUtilizationRates(h)
+            c = cur[i]
+            nv.nvmlGpmSampleGet(h, bufs[i][c])
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(metric_ids)
+            req.sample1, req.sample2 = bufs[i][1 - c], bufs[i][c]
+            for k, m in enumerate(metric_ids):
+                req.metrics[k].metricId = m
+            nv.nvmlGpmMetricsGet(req)
+            cur[i] = 1 - c
+            nv.nvmlDeviceGetTemperature(h, 0)
+            nv.nvmlDeviceGetFieldValues(h, [82])  # HBM temperature
+            nv.nvmlDeviceGetPowerUsage(h)
+            nv.nvmlDeviceGetClockInfo(h, 1)
+            nv.nvmlDeviceGetClockInfo(h, 2)
+            nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+            nv.nvmlDeviceGetPerformanceState(h)
+            nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
+            nv.nvmlDeviceGetCurrPcieLinkWidth(h)
+            nv.nvmlDeviceGetComputeRunningProcesses(h)
 
+    return tick
+
+
+def time_bare_pynvml(ticks: int) -> dict[str, float]:
+    """The floor (``bare_tick``), timed like the collector."""
+    import pynvml as nv
+
+    nv.nvmlInit()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    tick = bare_tick(nv, handles)
     out = []
     for _ in range(ticks):
         t0 = time.perf_counter()
-        for i, h in enumerate(handles):
-            one(i, h)
+        tick()
         out.append(time.perf_counter() - t0)
         time.sleep(0.002)
     nv.nvmlShutdown()
