@@ -89,7 +89,7 @@ def test_readme_acceptance_commands(tmp_path):
     """The README's try-it commands, as a user types them."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
     run = [sys.executable, "-m", "vgpumon"]
-    subprocess.run(run + ["agent", "--replay", str(H200_CAPTURE), "--db", url], check=True, capture_output=True)
+    subprocess.run(run + ["agent", "--replay", str(H200_CAPTURE), "--db", url, "--listen", "off"], check=True, capture_output=True)
     out = subprocess.run(run + ["diagnose", "localhost", "--db", url, "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     (gpu,) = json.loads(out.stdout)["gpus"]
@@ -99,3 +99,8 @@ def test_readme_acceptance_commands(tmp_path):
     assert gpu["sm_active"]["max_ratio"] >= 0.8
     text = subprocess.run(run + ["diagnose", "localhost", "--db", url], capture_output=True, text=True).stdout
     assert "NVIDIA H200" in text and "PCIe RX" in text and "Gen5 x16" in text
+    subprocess.run(run + ["db", "prune", "--db", url], check=True, capture_output=True)
+    review = subprocess.run(run + ["capacity", "--db", url, "--json"], capture_output=True, text=True)
+    assert review.returncode == 0, review.stderr
+    (host,) = json.loads(review.stdout)["hosts"]
+    assert host["gpus"] and host["gpus"][0]["rx"]["max_bytes_per_second"] >= 0.6 * cap
