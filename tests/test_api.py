@@ -104,12 +104,17 @@ def test_off_loopback_every_api_request_needs_the_token(tmp_path, caplog):
     assert TOKEN not in caplog.text and TOKEN[:-1] not in caplog.text
 
 
-def test_an_agent_off_loopback_without_a_token_keeps_its_api_closed(tmp_path):
-    with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0") as agent:
-        status, _, body = get(agent.base + "/api/v1/snapshot", "anything")
-        metrics = get(agent.base + "/metrics")[0]
+def test_an_agent_off_loopback_without_a_token_keeps_its_api_closed(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="vgpumon.exporter.api"):
+        with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0") as agent:
+            status, _, body = get(agent.base + "/api/v1/snapshot", "anything")
+            metrics = get(agent.base + "/metrics")[0]
     assert status == 401 and "no API token set" in body["error"]["message"]
     assert metrics == 200
+    # said once at start too, not only to whoever asks
+    assert [r.getMessage() for r in caplog.records].count(
+        "the API on 0.0.0.0 is closed: this agent listens off loopback and has no API token ([api] token, "
+        "VGPUMON_API_TOKEN); /metrics is served") == 1
 
 
 def test_loopback_is_told_apart_from_every_other_address():

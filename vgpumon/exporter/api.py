@@ -128,6 +128,9 @@ class AgentApi:
         self.clock = clock
         self.token_required = config.token is not None or not is_loopback(bound_host)
         self._token = _digest(config.token) if config.token is not None else None
+        if self.token_required and self._token is None:  # said once at start, not only to each caller
+            log.warning("the API on %s is closed: this agent listens off loopback and has no API token "
+                        "([api] token, VGPUMON_API_TOKEN); /metrics is served", bound_host)
         # one report at a time, off the event loop: a slow store never delays a tick or a scrape
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-api")
 
