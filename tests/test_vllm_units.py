@@ -127,8 +127,24 @@ def test_the_process_table_sees_an_engine_process_go_even_while_it_is_a_zombie(t
         (mine,) = [p for p in table.scan() if p.pid == proc.pid]
         assert mine.engine_pids == ()
     finally:
-        proc.kill()
-        proc.wait(10)
+        _kill_tree(proc)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the fake server and what it started (its engine, multiprocessing's resource
+    tracker): killing the parent alone leaves them running after the suite."""
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    proc.kill()
+    proc.wait(10)
+    for c in children:
+        try:
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=10)
 
 
 _WRAPPER = """
@@ -157,8 +173,7 @@ def test_a_server_execed_by_its_wrapper_under_the_same_pid_is_found_at_the_next_
         (mine,) = [p for p in table.scan() if p.pid == proc.pid]
         assert mine.port == 18998
     finally:
-        proc.kill()
-        proc.wait(10)
+        _kill_tree(proc)
 
 
 def test_discovery_polls_less_often_while_no_server_exists():
