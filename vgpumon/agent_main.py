@@ -29,7 +29,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from vgpumon.errors import ExitCode, VgpumonError
+from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
 from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
@@ -184,6 +184,16 @@ def run(plan: dict[str, Any]) -> int:
     )
     try:
         stats = asyncio.run(run_until_signal(runner, exporter, api_config(plan)))
+    except CaptureFormatError as exc:
+        # a capture broken part-way: the ticks before the fault are stored; say so, or a user
+        # replaying it again after a fix would not expect "stored already" lines
+        done = runner.stats
+        if done.rows_written or done.rows_duplicate:
+            raise CaptureFormatError(
+                f"{exc} ({done.ticks} ticks before it were stored: {done.rows_written} rows written, "
+                f"{done.rows_duplicate} stored already)"
+            ) from None
+        raise
     finally:
         store.close()
     say = _echo_err
