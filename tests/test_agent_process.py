@@ -42,6 +42,16 @@ def _wait_for(pred, timeout: float = 30.0) -> None:
     raise AssertionError("timed out")
 
 
+def _stored_ticks(db: Path) -> int:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+    except sqlite3.Error:  # not created or not migrated yet
+        return 0
+
+
 def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_path):
     token = "s3cret-api-token-not-for-ps"
     proc = subprocess.Popen(
@@ -52,7 +62,7 @@ def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_
     try:
         cmdline = lambda: open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: E731
         _wait_for(lambda: b"--plan-fd" in cmdline())  # the same PID, now the lean agent
-        time.sleep(1.5)  # its first ticks: everything the agent imports is loaded
+        _wait_for(lambda: _stored_ticks(tmp_path / "x.db") >= 2)  # ticking: everything it imports is loaded
         with open(f"/proc/{proc.pid}/comm") as f:
             assert f.read().strip() == "vgpumon"  # pgrep / top still find it by name
         assert token.encode() not in b" ".join(cmdline())  # the plan travels in a memfd, not argv

@@ -379,11 +379,17 @@ def main(argv: list[str] | None = None) -> NoReturn:
         print(f"vgpumon: {mask_secrets(one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
-        if not logging.getLogger().handlers:
-            setup_logging("warning")
-        log.exception("internal error")
-        sys.exit(ExitCode.SOFTWARE)
+        exit_internal_error()
     sys.exit(int(code))
+
+
+def exit_internal_error() -> NoReturn:
+    """Log the exception being handled as an internal error and exit 70 (``vgpumon`` and the
+    agent's own process alike)."""
+    if not logging.getLogger().handlers:
+        setup_logging("warning")
+    log.exception("internal error")
+    sys.exit(ExitCode.SOFTWARE)
 
 
 if __name__ == "__main__":

@@ -315,7 +315,6 @@ def agent(
         settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded,
         duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
     )
-    agent_main.exporter_config(settings.exporter.listen, plan["exporter"]["metrics_file"])  # 64 before the exec
     if launch.exec_allowed and agent_main.can_exec():
         # the CLI's libraries stay behind: the agent runs in a lean process (agent_main)
         try:
@@ -889,8 +888,9 @@ def _toml(doc: dict[str, Any], config_file: Path | None, descriptions: dict[str,
 
 
 def _one_line(text: str) -> str:
-    # "Value error, " is pydantic's prefix, which typer passes on for enum options
-    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
+    from vgpumon.agent_main import one_line
+
+    return one_line(text)
 
 
 #: Errors writing the output (stdout on a full disk, a gone terminal): one line, exit 74.
@@ -954,8 +954,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
-        if not logging.getLogger().handlers:
-            _setup_logging("warning")
-        log.exception("internal error")
-        sys.exit(ExitCode.SOFTWARE)
+        from vgpumon.agent_main import exit_internal_error
+
+        exit_internal_error()
     sys.exit(int(rv) if isinstance(rv, int) else 0)

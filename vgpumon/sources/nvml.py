@@ -254,17 +254,27 @@ class _Reader:
             else:
                 value = self.backend.device(self.index, fn, *args, **kwargs)
         except NvmlCallError as exc:
-            if watch is not None and watch.generation != self.generation:
-                watch.returned(self.index, fn)
-            if exc.is_lifecycle:
-                raise DeviceDown(exc) from None
-            if exc.code in _PERMANENT:
-                unsupported.add((fn, args, tuple(kwargs.items())))
-            self.missing[field] = exc.reason
+            self._failed(field, fn, (fn, args, tuple(kwargs.items())), exc)
             return None
         if watch is not None and watch.generation != self.generation:
             watch.returned(self.index, fn)  # this thread was given up on while the call hung
         return value
+
+    def _failed(self, field: str, fn: str, key: tuple[Any, ...], exc: NvmlCallError) -> None:
+        """A call answered with an error: a thread given up on stops, a lifecycle error takes the
+        device down, a permanent one is remembered under ``key``, any other is this tick's reason.
+
+        Raises:
+            DeviceDown: on a lifecycle error.
+        """
+        watch = self.watch
+        if watch is not None and watch.generation != self.generation:
+            watch.returned(self.index, fn)
+        if exc.is_lifecycle:
+            raise DeviceDown(exc) from None
+        if exc.code in _PERMANENT:
+            self.unsupported.add(key)
+        self.missing[field] = exc.reason
 
     def put(self, field: str, raw: Any, v: dict[str, Any], scale: float = 1.0, limit: float | None = None) -> None:
         """Admit ``raw`` (NVML's unit) × ``scale`` as ``v[field]``; ``None`` stays absent (its
@@ -302,8 +312,8 @@ class _Reader:
         Raises:
             DeviceDown: on a lifecycle error.
         """
-        unsupported, calls, watch, generation = self.unsupported, self.calls, self.watch, self.generation
-        fns = unsupported.fns
+        calls, watch, generation = self.calls, self.watch, self.generation
+        fns = self.unsupported.fns
         for field, fn, args, scale in plan:
             call = calls.get(fn)
             if call is None or fn in fns:
@@ -314,13 +324,7 @@ class _Reader:
             try:
                 raw = call(*args)
             except NvmlCallError as exc:
-                if watch is not None and watch.generation != generation:
-                    watch.returned(self.index, fn)
-                if exc.is_lifecycle:
-                    raise DeviceDown(exc) from None
-                if exc.code in _PERMANENT:
-                    unsupported.add((fn, args, ()))
-                self.missing[field] = exc.reason
+                self._failed(field, fn, (fn, args, ()), exc)
                 continue
             if watch is not None and watch.generation != generation:
                 watch.returned(self.index, fn)  # this thread was given up on while the call hung
