@@ -15,7 +15,7 @@ from vgpumon import catalogue
 from vgpumon.catalogue import AGGREGATES, FIELDS, KINDS, UNIT_SUFFIXES, Door, Rejected, fields_of, fmt, render_markdown
 from vgpumon.catalogue.exporter import SHARE_OF_LINK_MAX
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, ServerSample
-from vgpumon.store.schema import Base, FixedPoint, column_type, gpu_samples_1m, rollup_column_name
+from vgpumon.store.schema import FixedPoint, column_type, gpu_samples_1m, metadata, rollup_column_name
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "metrics.md"
@@ -47,7 +47,7 @@ def _type_signature(t):
 
 @pytest.mark.parametrize("table", catalogue.TABLES)
 def test_every_column_has_an_entry_and_every_entry_a_column_of_its_type(table):
-    tbl = Base.metadata.tables[table]
+    tbl = metadata.tables[table]
     columns = {c.name: c for c in tbl.columns if c.name not in STRUCTURAL[table]}
     entries = {f.name: f for f in fields_of(table)}
     assert sorted(set(columns) - set(entries)) == [], "columns without a catalogue entry"

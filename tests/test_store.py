@@ -24,7 +24,7 @@ from vgpumon.store.engine import make_engine
 from vgpumon.store.migrate import at_head, current_revision, head_revision, packaged_head, upgrade
 from vgpumon.store.retention import Retention
 from vgpumon.store.rollup import percentile
-from vgpumon.store.schema import TIME_TABLES, Base
+from vgpumon.store.schema import TIME_TABLES, metadata
 from vgpumon.store.spool import Backlog
 from vgpumon.testing import scenarios
 
@@ -65,7 +65,7 @@ def test_migrations_build_the_models_schema_and_rerun_is_a_noop(db_url):
     assert upgrade(engine) == (None, head_revision())
     assert upgrade(engine) == (head_revision(), head_revision())
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
         if engine.dialect.name == "postgresql":
             partitioned = set(conn.scalars(text("SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid")))
             assert partitioned == set(TIME_TABLES)

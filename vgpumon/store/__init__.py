@@ -1,6 +1,6 @@
 """Time-series store: schema, engine, repository."""
 
-from vgpumon.store import vllm_schema  # noqa: F401  (registers the vLLM tables in Base.metadata)
+from vgpumon.store import vllm_schema  # noqa: F401  (registers the vLLM tables in schema.metadata)
 from vgpumon.store.repository import Store, StoredGpu, open_store
 
 __all__ = ["Store", "StoredGpu", "open_store"]

@@ -183,9 +183,9 @@ def _refuse_foreign(engine: Engine, tables: set[str]) -> None:
     """Refuse a database whose tables are none of vgpumon's. Any one of ours (or Alembic's) makes
     it ours: another agent may be migrating it right now, and on SQLite each ``CREATE TABLE``
     of a migration is visible as it happens."""
-    from vgpumon.store.schema import Base
+    from vgpumon.store.schema import metadata
 
-    if tables and not tables & (set(Base.metadata.tables) | {"alembic_version"}):
+    if tables and not tables & (set(metadata.tables) | {"alembic_version"}):
         tables = tables - {"alembic_version"}
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise ForeignStoreError(

@@ -217,7 +217,7 @@ class Store:
     def _require_tables(self, conn: Connection) -> None:
         """Raise ``StoreUnavailableError`` when the database holds no vgpumon tables (an empty
         file, another application's database), so readers say that instead of "no such table"."""
-        if not self.engine.dialect.has_table(conn, Host.__tablename__):
+        if not self.engine.dialect.has_table(conn, Host.__table__.name):
             raise StoreUnavailableError(f"{describe_store(self.engine)} holds no vgpumon data (no tables)")
 
     def init_schema(self) -> None:

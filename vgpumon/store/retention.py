@@ -30,7 +30,7 @@ from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS
 from vgpumon.store.repository import Store
 from vgpumon.store.rollup import MINUTE_MS, minute_of, rollup_rows
-from vgpumon.store.schema import TIME_TABLES, Base
+from vgpumon.store.schema import TIME_TABLES, metadata
 
 DEFAULT_RAW_RETENTION_S = 72 * 3600.0
 DEFAULT_ROLLUP_RETENTION_S = 90 * 86400.0
@@ -205,7 +205,7 @@ class Retention:
                 res.more |= len(dropped) == 2
                 continue
             key = TIME_TABLES[table]
-            (fk,) = Base.metadata.tables[table].c[key].foreign_keys
+            (fk,) = metadata.tables[table].c[key].foreign_keys
             owners = fk.column.table.name
             for owner in conn.scalars(text(f"SELECT id FROM {owners} ORDER BY id")).all():
                 # the ts of the max_delete_rows-th oldest row bounds this step's delete (PK seek)

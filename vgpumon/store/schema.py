@@ -1,4 +1,4 @@
-"""Database schema (SQLAlchemy 2.0, typed declarative models).
+"""Database schema (SQLAlchemy 2.0 Core tables).
 
 Sample tables are wide (one row per GPU per tick, a column per metric) and store fixed-point
 integers: SQLite stores an integer in 0–8 bytes by magnitude but a REAL always in 8, so a ratio in
@@ -9,13 +9,14 @@ convert to and from base units (ratio 0–1, watts, hertz, ...).
 Sample timestamps are integer milliseconds since the Unix epoch (UTC) in the database and float
 seconds in Python; identity tables use timezone-aware ``DateTime``.
 
-Time tables (``gpu_samples``, ``host_samples``, ``gpu_process_samples``, ``gpu_samples_1m``) carry
-``postgresql_partition_by="RANGE (ts)"``: on Postgres they are partitioned by day (partitions are
-created by ``vgpumon.store.partitions``) so that retention drops whole partitions; SQLite ignores
-the option and keeps them as ``WITHOUT ROWID`` tables clustered on their primary key.
+Time tables (``TIME_TABLES``) are partitioned by day on Postgres (the migrations create them
+``PARTITION BY RANGE (ts)``, ``vgpumon.store.partitions`` adds the days) so that retention drops
+whole partitions; on SQLite they are ``WITHOUT ROWID`` tables clustered on their primary key.
+The tables here leave the Postgres-only option to the migrations: declaring it makes SQLAlchemy
+import its Postgres dialect (2 MB of an agent's memory) even for a SQLite store.
 
 The tables themselves are created by the Alembic migrations in ``vgpumon/store/migrations``; these
-models must match the newest revision (``tests/test_migrations.py`` checks it on both engines).
+definitions must match the newest revision (``tests/test_store.py`` checks it on both engines).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Encoding
@@ -110,224 +110,230 @@ HERTZ = column_type(catalogue.core.HERTZ)  # the gpus table's max clocks
 CELSIUS = column_type(catalogue.core.CELSIUS)  # the gpus table's slowdown threshold
 
 
-class Base(DeclarativeBase):
-    """Declarative base with a naming convention, so migrations get stable constraint names."""
+#: Every table, with a naming convention so migrations get stable constraint names.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
 
-    metadata = MetaData(
-        naming_convention={
-            "ix": "ix_%(column_0_label)s",
-            "uq": "uq_%(table_name)s_%(column_0_name)s",
-            "ck": "ck_%(table_name)s_%(constraint_name)s",
-            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-            "pk": "pk_%(table_name)s",
-        }
-    )
+
+class TableColumns:
+    """A Core ``Table`` whose columns read as attributes (``Host.hostname`` is
+    ``hosts.c.hostname``); usable wherever SQLAlchemy takes a table (``select``, ``insert``,
+    ``join``) through ``__clause_element__``.
+
+    Core tables rather than ORM models: the store never loads objects, and importing and
+    configuring the ORM costs the agent about 8 MB of resident memory (docs/benchmarks.md)."""
+
+    __slots__ = ("__table__",)
+
+    def __init__(self, table: Table) -> None:
+        self.__table__ = table
+
+    def __clause_element__(self) -> Table:
+        return self.__table__
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self.__table__.c[name]
+        except KeyError:
+            raise AttributeError(f"table {self.__table__.name} has no column {name!r}") from None
+
+
+def table(name: str, *items: Any, **kw: Any) -> TableColumns:
+    """``Table(name, metadata, *items, **kw)`` as ``TableColumns``."""
+    return TableColumns(Table(name, metadata, *items, **kw))
 
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-class Host(Base):
-    """A host an agent samples (by host name)."""
-
-    __tablename__ = "hosts"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    hostname: Mapped[str] = mapped_column(String(255), unique=True)
-    first_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
-
-
-class Gpu(Base):
-    """A physical GPU on a host, identified by (host, UUID); index and PCI bus id are attributes
-    that change. UUIDs alone are not unique across hosts (masked captures, cloned VM images, a
-    card moved to another host): each host keeps its own history of a card (revision 0006)."""
-
-    __tablename__ = "gpus"
-    __table_args__ = (UniqueConstraint("host_id", "uuid"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    uuid: Mapped[str] = mapped_column(String(64))
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
-    index: Mapped[int] = mapped_column(SmallInteger)
-    name: Mapped[str | None] = mapped_column(String(96))
-    serial: Mapped[str | None] = mapped_column(String(64))
-    pci_bus_id: Mapped[str | None] = mapped_column(String(32))
-    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    pcie_link_gen_max: Mapped[int | None] = mapped_column(SmallInteger)
-    pcie_link_width_max: Mapped[int | None] = mapped_column(SmallInteger)
-    pcie_link_gen_gpu_max: Mapped[int | None] = mapped_column(SmallInteger)
-    gpm_supported: Mapped[bool] = mapped_column(Boolean, default=False)
-    sm_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
-    memory_clock_max_hertz: Mapped[float | None] = mapped_column(HERTZ)
-    slowdown_temperature_celsius: Mapped[float | None] = mapped_column(CELSIUS)
-    first_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
-    last_seen: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+#: A host an agent samples (by host name).
+Host = table(
+    "hosts",
+    Column("id", Integer, primary_key=True),
+    Column("hostname", String(255), unique=True, nullable=False),
+    Column("first_seen", DateTime(timezone=True), default=_utcnow, nullable=False),
+)
 
 
-class GpuSampleRow(Base):
-    """One GPU, one tick (wide row): a column per ``gpu_samples`` field of the catalogue, whose
-    entries give each column's meaning, unit and encoding (docs/metrics.md).
-
-    ``up`` is false for a tick where the device could not be read; ``activity_source`` is 1 for
-    GPM, 2 for the utilization proxy. Slow-set columns are NULL on ticks that did not read them.
-    """
-
-    __table__ = Table(
-        "gpu_samples",
-        Base.metadata,
-        Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
-        Column("ts", EpochMillis, primary_key=True),
-        *catalogue_columns("gpu_samples"),
-        sqlite_with_rowid=False,
-        postgresql_partition_by="RANGE (ts)",
-    )
-
-
-class HostSample(Base):
-    """One host, one tick (psutil): the catalogue's ``host_samples`` fields."""
-
-    __table__ = Table(
-        "host_samples",
-        Base.metadata,
-        Column("host_id", ForeignKey("hosts.id"), primary_key=True),
-        Column("ts", EpochMillis, primary_key=True),
-        *catalogue_columns("host_samples"),
-        sqlite_with_rowid=False,
-        postgresql_partition_by="RANGE (ts)",
-    )
+#: A physical GPU on a host, identified by (host, UUID); index and PCI bus id are attributes
+#: that change. UUIDs alone are not unique across hosts (masked captures, cloned VM images, a
+#: card moved to another host): each host keeps its own history of a card (revision 0006).
+Gpu = table(
+    "gpus",
+    Column("id", Integer, primary_key=True),
+    Column("uuid", String(64), nullable=False),
+    Column("host_id", ForeignKey("hosts.id"), nullable=False),
+    Column("index", SmallInteger, nullable=False),
+    Column("name", String(96)),
+    Column("serial", String(64)),
+    Column("pci_bus_id", String(32)),
+    Column("memory_total_bytes", BigInteger),
+    Column("pcie_link_gen_max", SmallInteger),
+    Column("pcie_link_width_max", SmallInteger),
+    Column("pcie_link_gen_gpu_max", SmallInteger),
+    Column("gpm_supported", Boolean, default=False, nullable=False),
+    Column("sm_clock_max_hertz", HERTZ),
+    Column("memory_clock_max_hertz", HERTZ),
+    Column("slowdown_temperature_celsius", CELSIUS),
+    Column("first_seen", DateTime(timezone=True), default=_utcnow, nullable=False),
+    Column("last_seen", DateTime(timezone=True), default=_utcnow, nullable=False),
+    UniqueConstraint("host_id", "uuid"),
+)
 
 
-class Process(Base):
-    """A process that held a GPU, identified by (host, pid, start time) since PIDs are reused.
-
-    ``resolved`` is false when the PID could not be looked up (another PID namespace, or gone
-    before the first look): owner fields are then NULL.
-    """
-
-    __tablename__ = "processes"
-    __table_args__ = (UniqueConstraint("host_id", "pid", "start_time"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
-    pid: Mapped[int] = mapped_column(Integer)
-    start_time: Mapped[float | None] = mapped_column(EpochMillis)
-    name: Mapped[str | None] = mapped_column(String(255))
-    cmdline: Mapped[str | None] = mapped_column(Text)
-    username: Mapped[str | None] = mapped_column(String(255))
-    container_id: Mapped[str | None] = mapped_column(String(128))
-    resolved: Mapped[bool] = mapped_column(Boolean, default=True)
+#: One GPU, one tick (wide row): a column per ``gpu_samples`` field of the catalogue, whose
+#: entries give each column's meaning, unit and encoding (docs/metrics.md).
+#:
+#: ``up`` is false for a tick where the device could not be read; ``activity_source`` is 1 for
+#: GPM, 2 for the utilization proxy. Slow-set columns are NULL on ticks that did not read them.
+GpuSampleRow = table(
+    "gpu_samples",
+    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+    Column("ts", EpochMillis, primary_key=True),
+    *catalogue_columns("gpu_samples"),
+    sqlite_with_rowid=False,
+)
 
 
-class GpuProcessSample(Base):
-    """One process on one GPU at one tick: its GPU memory, and its host RSS and CPU time (a
-    leak that keeps request objects alive grows both); the catalogue's ``gpu_process_samples``
-    fields."""
-
-    __table__ = Table(
-        "gpu_process_samples",
-        Base.metadata,
-        Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
-        Column("ts", EpochMillis, primary_key=True),
-        Column("process_id", ForeignKey("processes.id"), primary_key=True),
-        *catalogue_columns("gpu_process_samples"),
-        sqlite_with_rowid=False,
-        postgresql_partition_by="RANGE (ts)",
-    )
+#: One host, one tick (psutil): the catalogue's ``host_samples`` fields.
+HostSample = table(
+    "host_samples",
+    Column("host_id", ForeignKey("hosts.id"), primary_key=True),
+    Column("ts", EpochMillis, primary_key=True),
+    *catalogue_columns("host_samples"),
+    sqlite_with_rowid=False,
+)
 
 
-class XidEvent(Base):
-    """One XID event (``nvmlEventSetWait``): every event is kept, never only the last one."""
+#: A process that held a GPU, identified by (host, pid, start time) since PIDs are reused.
+#:
+#: ``resolved`` is false when the PID could not be looked up (another PID namespace, or gone
+#: before the first look): owner fields are then NULL.
+Process = table(
+    "processes",
+    Column("id", Integer, primary_key=True),
+    Column("host_id", ForeignKey("hosts.id"), index=True, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("start_time", EpochMillis),
+    Column("name", String(255)),
+    Column("cmdline", Text),
+    Column("username", String(255)),
+    Column("container_id", String(128)),
+    Column("resolved", Boolean, default=True, nullable=False),
+    UniqueConstraint("host_id", "pid", "start_time"),
+)
 
-    __tablename__ = "xid_events"
-    __table_args__ = (UniqueConstraint("gpu_id", "ts", "xid", "seq"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), index=True)
-    ts: Mapped[float] = mapped_column(EpochMillis)
-    xid: Mapped[int] = mapped_column(Integer)
+#: One process on one GPU at one tick: its GPU memory, and its host RSS and CPU time (a
+#: leak that keeps request objects alive grows both); the catalogue's ``gpu_process_samples``
+#: fields.
+GpuProcessSample = table(
+    "gpu_process_samples",
+    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+    Column("ts", EpochMillis, primary_key=True),
+    Column("process_id", ForeignKey("processes.id"), primary_key=True),
+    *catalogue_columns("gpu_process_samples"),
+    sqlite_with_rowid=False,
+)
+
+
+#: One XID event (``nvmlEventSetWait``): every event is kept, never only the last one.
+XidEvent = table(
+    "xid_events",
+    Column("id", Integer, primary_key=True),
+    Column("gpu_id", ForeignKey("gpus.id"), index=True, nullable=False),
+    Column("ts", EpochMillis, nullable=False),
+    Column("xid", Integer, nullable=False),
     #: the event's number among its GPU's events since the agent started (``XidEvent.seq``)
-    seq: Mapped[int] = mapped_column(Integer, server_default="0")
+    Column("seq", Integer, server_default="0", nullable=False),
+    UniqueConstraint("gpu_id", "ts", "xid", "seq"),
+)
 
 
-class RejectedValue(Base):
-    """A value refused at the door (``vgpumon.catalogue.Door``) or that could not be stored: one
-    row per subject, field and tick, so that reports can say "reported impossible values N
-    times" instead of "not reported". ``subject`` is ``gpu:<uuid>``, ``host`` or
-    ``vllm:<url>``; ``reason`` names what was wrong (``rejected: blank sentinel …``)."""
-
-    __tablename__ = "rejected_values"
-    __table_args__ = {"sqlite_with_rowid": False, "postgresql_partition_by": "RANGE (ts)"}
-
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
-    ts: Mapped[float] = mapped_column(EpochMillis, primary_key=True)
-    subject: Mapped[str] = mapped_column(String(160), primary_key=True)
-    field: Mapped[str] = mapped_column(String(64), primary_key=True)
-    reason: Mapped[str] = mapped_column(String(255))
-
-
-class HostEventRow(Base):
-    """Something that happened to a host or one of its GPUs (``vgpumon.model.HostEvent``): a GPU
-    appearing, going or coming back, NVML re-initialised, the memory API changing, the wall clock
-    stepping. Rare, kept with the rollup window: they explain steps and gaps in long trends.
-    Written twice (a replayed spool), stored once."""
-
-    __tablename__ = "host_events"
-    __table_args__ = (UniqueConstraint("host_id", "ts", "kind", "subject"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
-    ts: Mapped[float] = mapped_column(EpochMillis)
-    kind: Mapped[str] = mapped_column(String(32))
-    subject: Mapped[str] = mapped_column(String(160))
-    detail: Mapped[str] = mapped_column(String(255))
+#: A value refused at the door (``vgpumon.catalogue.Door``) or that could not be stored: one
+#: row per subject, field and tick, so that reports can say "reported impossible values N
+#: times" instead of "not reported". ``subject`` is ``gpu:<uuid>``, ``host`` or
+#: ``vllm:<url>``; ``reason`` names what was wrong (``rejected: blank sentinel …``).
+RejectedValue = table(
+    "rejected_values",
+    Column("host_id", ForeignKey("hosts.id"), primary_key=True),
+    Column("ts", EpochMillis, primary_key=True),
+    Column("subject", String(160), primary_key=True),
+    Column("field", String(64), primary_key=True),
+    Column("reason", String(255), nullable=False),
+    sqlite_with_rowid=False,
+)
 
 
-class PcieLink(Base):
-    """One hop of a host's PCIe tree as last observed (sysfs): a GPU, a switch port or a root
-    port, with its parent. The capacity review sums GPU traffic over shared upstream hops."""
-
-    __tablename__ = "pcie_links"
-    __table_args__ = (UniqueConstraint("host_id", "bdf"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
-    bdf: Mapped[str] = mapped_column(String(32))
-    parent_bdf: Mapped[str | None] = mapped_column(String(32))
-    kind: Mapped[str] = mapped_column(String(16))  # gpu | bridge | root
-    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id"))
-    link_gen_current: Mapped[int | None] = mapped_column(SmallInteger)
-    link_width_current: Mapped[int | None] = mapped_column(SmallInteger)
-    link_gen_max: Mapped[int | None] = mapped_column(SmallInteger)
-    link_width_max: Mapped[int | None] = mapped_column(SmallInteger)
-    observed_at: Mapped[float] = mapped_column(EpochMillis)
+#: Something that happened to a host or one of its GPUs (``vgpumon.model.HostEvent``): a GPU
+#: appearing, going or coming back, NVML re-initialised, the memory API changing, the wall clock
+#: stepping. Rare, kept with the rollup window: they explain steps and gaps in long trends.
+#: Written twice (a replayed spool), stored once.
+HostEventRow = table(
+    "host_events",
+    Column("id", Integer, primary_key=True),
+    Column("host_id", ForeignKey("hosts.id"), index=True, nullable=False),
+    Column("ts", EpochMillis, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("subject", String(160), nullable=False),
+    Column("detail", String(255), nullable=False),
+    UniqueConstraint("host_id", "ts", "kind", "subject"),
+)
 
 
-class AlertRow(Base):
-    """One alert episode of one rule on one subject (``vgpumon.model.Alert``): created when the
-    condition is first found (pending), updated when it fires and when it resolves. ``labels``
-    is the subject's identity as JSON; ``fingerprint`` hashes name and labels, so one condition
-    on one subject has at most one open episode (deduplication). A pending episode that never
-    fired is deleted when its condition stops. Low volume: not partitioned."""
+#: One hop of a host's PCIe tree as last observed (sysfs): a GPU, a switch port or a root
+#: port, with its parent. The capacity review sums GPU traffic over shared upstream hops.
+PcieLink = table(
+    "pcie_links",
+    Column("id", Integer, primary_key=True),
+    Column("host_id", ForeignKey("hosts.id"), index=True, nullable=False),
+    Column("bdf", String(32), nullable=False),
+    Column("parent_bdf", String(32)),
+    Column("kind", String(16), nullable=False),  # gpu | bridge | root
+    Column("gpu_id", ForeignKey("gpus.id")),
+    Column("link_gen_current", SmallInteger),
+    Column("link_width_current", SmallInteger),
+    Column("link_gen_max", SmallInteger),
+    Column("link_width_max", SmallInteger),
+    Column("observed_at", EpochMillis, nullable=False),
+    UniqueConstraint("host_id", "bdf"),
+)
 
-    __tablename__ = "alerts"
-    __table_args__ = (
-        UniqueConstraint("host_id", "fingerprint", "active_since"),
-        Index("ix_alerts_host_id_state", "host_id", "state"),
-    )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
-    name: Mapped[str] = mapped_column(String(64))
-    severity: Mapped[str] = mapped_column(String(16))
-    fingerprint: Mapped[str] = mapped_column(String(40))
-    labels: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16))
-    active_since: Mapped[float] = mapped_column(EpochMillis)
-    fired_at: Mapped[float | None] = mapped_column(EpochMillis)
-    resolved_at: Mapped[float | None] = mapped_column(EpochMillis)
-    last_eval: Mapped[float] = mapped_column(EpochMillis)
-    value: Mapped[float | None] = mapped_column(Float)
-    summary: Mapped[str] = mapped_column(String(255))
-    description: Mapped[str] = mapped_column(Text)
+#: One alert episode of one rule on one subject (``vgpumon.model.Alert``): created when the
+#: condition is first found (pending), updated when it fires and when it resolves. ``labels``
+#: is the subject's identity as JSON; ``fingerprint`` hashes name and labels, so one condition
+#: on one subject has at most one open episode (deduplication). A pending episode that never
+#: fired is deleted when its condition stops. Low volume: not partitioned.
+AlertRow = table(
+    "alerts",
+    Column("id", Integer, primary_key=True),
+    Column("host_id", ForeignKey("hosts.id"), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("fingerprint", String(40), nullable=False),
+    Column("labels", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("active_since", EpochMillis, nullable=False),
+    Column("fired_at", EpochMillis),
+    Column("resolved_at", EpochMillis),
+    Column("last_eval", EpochMillis, nullable=False),
+    Column("value", Float),
+    Column("summary", String(255), nullable=False),
+    Column("description", Text, nullable=False),
+    UniqueConstraint("host_id", "fingerprint", "active_since"),
+    Index("ix_alerts_host_id_state", "host_id", "state"),
+)
 
 
 ACTIVITY_SOURCES = catalogue.gpu.ACTIVITY_SOURCES
@@ -373,7 +379,7 @@ def _rollup_columns() -> list[Column[Any]]:
 #: table lists them explicitly.
 gpu_samples_1m = Table(
     "gpu_samples_1m",
-    Base.metadata,
+    metadata,
     Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
     Column("ts", EpochMillis, primary_key=True),
     Column("samples", Integer, nullable=False),
@@ -381,19 +387,17 @@ gpu_samples_1m = Table(
     Column("folded_samples", Integer, nullable=False),
     *_rollup_columns(),
     sqlite_with_rowid=False,
-    postgresql_partition_by="RANGE (ts)",
 )
 
 
-class RollupWatermark(Base):
-    """How far raw ``gpu_samples`` of one GPU have been rolled up: every raw row with
-    ``ts < rolled_until`` is summarised in ``gpu_samples_1m``; retention never deletes raw rows at
-    or after it."""
-
-    __tablename__ = "rollup_watermarks"
-
-    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
-    rolled_until: Mapped[float] = mapped_column(EpochMillis)
+#: How far raw ``gpu_samples`` of one GPU have been rolled up: every raw row with
+#: ``ts < rolled_until`` is summarised in ``gpu_samples_1m``; retention never deletes raw rows at
+#: or after it.
+RollupWatermark = table(
+    "rollup_watermarks",
+    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
+    Column("rolled_until", EpochMillis, nullable=False),
+)
 
 
 #: Time tables → the column of their owner (a foreign key, first in the primary key, then ``ts``).

@@ -111,7 +111,7 @@ class VllmRepository:
 
     Args:
         engine: the store's engine (``Store.engine``); tables are created by
-            ``Store.init_schema`` (``Base.metadata`` holds them).
+            ``Store.init_schema`` (``schema.metadata`` holds them).
 
     Every method raises ``StoreUnavailableError`` when the database cannot be reached; a write
     the store refuses for what a row holds raises the driver's own error (see

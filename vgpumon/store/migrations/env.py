@@ -14,10 +14,10 @@ from alembic import context
 from sqlalchemy import TypeDecorator
 
 from vgpumon.store.engine import make_engine
-from vgpumon.store.schema import Base
+from vgpumon.store.schema import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
