@@ -126,7 +126,7 @@ def test_counter_reset_gives_no_negative_rate():
     header, ticks = read_capture(IDLE_FULL)
     for tick, value in ((0, 100), (2, 110), (4, 3), (6, 13)):
         header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetPcieReplayCounter", {"v": value}, at=[tick])
-    _, readings = run(header, ticks, slow_every=2)
+    _, readings = run(header, ticks, slow_every=2, minute_every_slow=1)  # the counter on every slow tick
     rates = [readings[i].samples[0].pcie_replay_rate_per_second for i in (0, 2, 4, 6)]
     assert rates[0] is None and rates[2] is None
     assert readings[4].samples[0].missing["pcie_replay_rate_per_second"] == "counter reset"
@@ -137,7 +137,7 @@ def test_mig_enabled_utilization_is_none_not_zero():
     header, ticks = read_capture(IDLE_FULL)
     header, ticks = scenarios.fail_call(header, ticks, "nvmlDeviceGetUtilizationRates", NVML_ERROR_NOT_SUPPORTED)
     header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetMigMode", {"v": [1, 1]}, at=range(0, 100, 2))
-    _, readings = run(header, ticks, slow_every=2)
+    _, readings = run(header, ticks, slow_every=2, minute_every_slow=1)  # MIG mode on every slow tick
     s = readings[2].samples[0]
     assert s.mig_mode == 1
     assert s.utilization_gpu_ratio is None and s.utilization_memory_ratio is None

@@ -112,7 +112,7 @@ def test_rates_across_a_wall_clock_step_are_unknown_and_duration_is_monotonic(tm
     url = f"sqlite:///{tmp_path / 'x.db'}"
     header, ticks = read_capture(IDLE_FULL)
     edge = _LiveTime(scenarios.backend(header, ticks), step=+7200.0, at=9)
-    source = NvmlSource(edge, slow_every=2)
+    source = NvmlSource(edge, slow_every=2, minute_every_slow=1)  # the replay counter on every slow tick
     store = open_store(url)
     readings = []
     agent = Agent(

@@ -299,9 +299,9 @@ SAMPLES: tuple[Field, ...] = (
     ),
     _sample(
         "energy_joules_total", "counter", "joules", "Energy the board used since the driver loaded.",
-        "nvmlDeviceGetTotalEnergyConsumption mJ / 1000", JOULES, cadence="slow", lo=0, hi=COUNT_MAX / 1000,
+        "nvmlDeviceGetTotalEnergyConsumption mJ / 1000", JOULES, cadence="minute", lo=0, hi=COUNT_MAX / 1000,
         prometheus="vgpumon_gpu_energy_joules_total", dcgm="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", label="energy",
-        note="3.3 ms per call on the H200 (FACTS §1): slow set only",
+        note="2.8–3.3 ms of CPU per call on the H200 (FACTS §1): read each minute",
     ),
     _sample(
         "performance_state", "enum", "code", "Performance state: P0 (fastest) to P15.",
@@ -324,18 +324,18 @@ SAMPLES: tuple[Field, ...] = (
          "ecc.errors.uncorrected.volatile.sram", None, "nvmlDeviceGetMemoryErrorCounter(UNCORRECTED, VOLATILE, SRAM)"),
     _sample(
         "bar1_used_bytes", "gauge", "bytes", "BAR1 (host-visible device memory window) in use.",
-        "nvmlDeviceGetBAR1MemoryInfo().bar1Used", INT64, cadence="slow", lo=0, hi=_GIB48,
+        "nvmlDeviceGetBAR1MemoryInfo().bar1Used", INT64, cadence="minute", lo=0, hi=_GIB48,
         prometheus="vgpumon_gpu_bar1_used_bytes", smi="-q: BAR1 Memory Usage Used", dcgm="DCGM_FI_DEV_BAR1_USED",
         label="BAR1 used",
     ),
     _sample(
         "bar1_total_bytes", "gauge", "bytes", "BAR1 size.", "nvmlDeviceGetBAR1MemoryInfo().bar1Total", INT64,
-        cadence="slow", lo=0, hi=_GIB48, rollup=("last",), prometheus="vgpumon_gpu_bar1_total_bytes",
+        cadence="minute", lo=0, hi=_GIB48, rollup=("last",), prometheus="vgpumon_gpu_bar1_total_bytes",
         dcgm="DCGM_FI_DEV_BAR1_TOTAL", label="BAR1 total",
     ),
     _sample(
         "pcie_replay_total", "counter", "count", "PCIe replays (link-level retransmissions) since reset.",
-        "nvmlDeviceGetPcieReplayCounter", INT64, cadence="slow", **_COUNT, prometheus="vgpumon_gpu_pcie_replays_total",
+        "nvmlDeviceGetPcieReplayCounter", INT64, cadence="minute", **_COUNT, prometheus="vgpumon_gpu_pcie_replays_total",
         smi="-q: Replays Since Reset", dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER", display="count", diagnose=("cumulative",),
         label="PCIe replays", note="DCGM's budget per minute: Gen3 8, Gen4 16, Gen5 31 (x16; FACTS §4)",
     ),
@@ -391,14 +391,14 @@ SAMPLES: tuple[Field, ...] = (
     ),
     _sample(
         "violation_power_seconds_total", "counter", "seconds", "Time clocks were held down by the power limit.",
-        "nvmlDeviceGetViolationStatus(POWER).violationTime ns / 1e9", SECONDS_MS, cadence="slow", lo=0,
+        "nvmlDeviceGetViolationStatus(POWER).violationTime ns / 1e9", SECONDS_MS, cadence="minute", lo=0,
         hi=COUNT_MAX / 1000, prometheus="vgpumon_gpu_power_violation_seconds_total",
         smi="clocks_event_reasons_counters.sw_power_cap", dcgm="DCGM_FI_DEV_POWER_VIOLATION",
         label="power violation time",
     ),
     _sample(
         "violation_thermal_seconds_total", "counter", "seconds", "Time clocks were held down by temperature.",
-        "nvmlDeviceGetViolationStatus(THERMAL).violationTime ns / 1e9", SECONDS_MS, cadence="slow", lo=0,
+        "nvmlDeviceGetViolationStatus(THERMAL).violationTime ns / 1e9", SECONDS_MS, cadence="minute", lo=0,
         hi=COUNT_MAX / 1000, prometheus="vgpumon_gpu_thermal_violation_seconds_total",
         smi="clocks_event_reasons_counters.sw_thermal_slowdown", dcgm="DCGM_FI_DEV_THERMAL_VIOLATION",
         label="thermal violation time",
@@ -414,7 +414,7 @@ SAMPLES: tuple[Field, ...] = (
         prometheus="vgpumon_gpu_compute_mode", smi="compute_mode", display="decoded", label="compute mode",
     ),
     _sample(
-        "mig_mode", "enum", "code", "MIG mode (current).", "nvmlDeviceGetMigMode()[0]", INT16, cadence="slow",
+        "mig_mode", "enum", "code", "MIG mode (current).", "nvmlDeviceGetMigMode()[0]", INT16, cadence="minute",
         lo=0, hi=1, decode=MIG_MODES, prometheus="vgpumon_gpu_mig_mode", smi="mig.mode.current",
         dcgm="DCGM_FI_DEV_MIG_MODE", display="decoded", label="MIG mode",
     ),
@@ -430,8 +430,8 @@ SAMPLES: tuple[Field, ...] = (
 DERIVED: tuple[Field, ...] = (
     Field(
         "pcie_replay_rate_per_second", None, "derived", "per_second",
-        "PCIe replays per second since the previous slow read; None after a counter reset.",
-        "Δ pcie_replay_total / Δt", "slow", Encoding("fixed", 1_000), lo=0, hi=COUNT_MAX,
+        "PCIe replays per second since the previous read; None after a counter reset.",
+        "Δ pcie_replay_total / Δt", "minute", Encoding("fixed", 1_000), lo=0, hi=COUNT_MAX,
         label="PCIe replay rate", note="not stored: the store keeps the counter",
     ),
 )

@@ -51,14 +51,17 @@ _F = catalogue.get
 # What each group of catalogue fields reads from, as (attribute, family, extra label or None).
 # Built once from the catalogue, so a field added there with a Prometheus name is served here.
 _Plan = tuple[tuple[str, str, "tuple[str, str] | None"], ...]
+#: Fields not read every tick: ``/metrics`` serves each one's newest read.
+_SLOW_CADENCES = ("slow", "minute")
 
 
-def _plan(table: str | None, *, skip: Iterable[str] = (), cadence: str | None = None, not_cadence: str | None = None) -> _Plan:
+def _plan(table: str | None, *, skip: Iterable[str] = (), slow: bool | None = None) -> _Plan:
+    """``slow``: only the fields read less often than every tick (True), only the others (False)."""
     out = []
     for f in catalogue.fields_of(table):
         if f.prometheus is None or f.name in skip:
             continue
-        if cadence is not None and f.cadence != cadence or not_cadence is not None and f.cadence == not_cadence:
+        if slow is not None and (f.cadence in _SLOW_CADENCES) != slow:
             continue
         extra = next(iter(f.prom_labels.items())) if f.prom_labels else None
         out.append((f.name, f.prometheus, extra))
@@ -66,9 +69,9 @@ def _plan(table: str | None, *, skip: Iterable[str] = (), cadence: str | None = 
 
 
 _GPU_SPECIAL = {"up", "clocks_event_reasons"}
-_GPU_FAST = _plan("gpu_samples", skip=_GPU_SPECIAL, not_cadence="slow")
-_GPU_SLOW = _plan("gpu_samples", skip=_GPU_SPECIAL, cadence="slow")
-_SLOW_NAMES = tuple(f.name for f in catalogue.fields_of("gpu_samples") if f.cadence == "slow")
+_GPU_FAST = _plan("gpu_samples", skip=_GPU_SPECIAL, slow=False)
+_GPU_SLOW = _plan("gpu_samples", skip=_GPU_SPECIAL, slow=True)
+_SLOW_NAMES = tuple(f.name for f in catalogue.fields_of("gpu_samples") if f.cadence in _SLOW_CADENCES)
 _IDENTITY = _plan("gpus")
 _INFO_LABELS = tuple((f.name, f.prom_label) for f in catalogue.fields_of("gpus") if f.prom_label and f.name != "uuid")
 _PROCESS = {f.name: f.prometheus for f in catalogue.fields_of("gpu_process_samples")}

@@ -3,10 +3,11 @@
 Cadence by measured cost (FACTS §1, H200, driver 580): the fast set (GPM pair, memory v2,
 utilization, temperature, power, clocks, clocks-event reasons, performance state, current PCIe
 link, processes) costs a few hundred µs per GPU and runs every tick; the slow set (ECC counters by
-type and location, remapped rows, BAR1, PCIe replay counter, energy, power limit, violation times,
-modes) runs every ``slow_every`` ticks, except the energy counter (3.3 ms of CPU alone), read on
-every ``ENERGY_EVERY_SLOW``-th slow tick; static facts are
-read at start and after a re-initialisation. ``nvmlDeviceGetPcieThroughput`` (21 ms, blocking)
+type and location, remapped rows, power limit, persistence and compute modes) runs every
+``slow_every`` ticks; the minute set (energy, violation times, BAR1, PCIe replay counter, MIG mode:
+calls that keep the driver busy for 0.2–3.3 ms of CPU each, on counters or facts that rarely
+change) on every ``MINUTE_EVERY_SLOW``-th slow tick; static facts are read at start and after a
+re-initialisation. ``nvmlDeviceGetPcieThroughput`` (21 ms, blocking)
 is never called on the sampling thread: with GPM, PCIe bytes/s come from GPM averaged over the
 whole tick; without GPM the backend polls the throughput call on a thread of its own.
 
@@ -113,13 +114,17 @@ CLOCK_STEP_SECONDS = 2.0
 CROSSCHECK_RATIO = 0.25
 CROSSCHECK_MIN_BPS = 5e9
 CROSSCHECK_STRIKES = 3
-CROSSCHECK_POLL_SECONDS = 10.0
-#: The energy counter is read on every this-many-th slow tick (each minute at the defaults), not on
-#: every one: ``nvmlDeviceGetTotalEnergyConsumption`` keeps the CPU busy for 3.3 ms a call on the
-#: H200 (FACTS §1; bench/nvml_call_cpu.py), which at every slow tick was 0.03 % of a core, a
-#: sixth of the agent's whole CPU budget. A cumulative counter loses nothing by being read less
-#: often: energy over any window is still the difference of two reads.
-ENERGY_EVERY_SLOW = 6
+CROSSCHECK_POLL_SECONDS = 30.0
+#: The minute set (catalogue cadence ``minute``) is read on every this-many-th slow tick (each
+#: minute at the defaults), not on every one. Measured on the H200 (bench/nvml_call_cpu.py, CPU per
+#: call): ``nvmlDeviceGetTotalEnergyConsumption`` 2.8 ms, ``nvmlDeviceGetViolationStatus`` 0.7 ms
+#: per policy, ``nvmlDeviceGetPcieReplayCounter``, ``nvmlDeviceGetBAR1MemoryInfo`` and
+#: ``nvmlDeviceGetMigMode`` about 0.17 ms each: 4.7 ms a GPU, at every slow tick 0.05 % of a core,
+#: a quarter of the agent's whole CPU budget. Counters lose nothing by being read less often (the
+#: energy or violation time over any window is still the difference of two reads); BAR1 and MIG
+#: mode change with deployments, not within a minute. The ECC and remapped-row counters, which
+#: page someone, stay in the slow set (a few µs each).
+MINUTE_EVERY_SLOW = 6
 CROSSCHECK_HISTORY = 64
 #: A ``nvmlDeviceGetPcieThroughput`` reading older than this is not used for a tick.
 PCIE_THROUGHPUT_MAX_AGE_S = 15.0
@@ -388,6 +393,8 @@ class NvmlSource:
         backend: ``LiveBackend()`` by default; ``ReplayBackend`` / ``RecordingBackend`` for
             captures. The same code runs on all three.
         slow_every: read the slow set every this many ticks (first tick included).
+        minute_every_slow: read the minute set (energy, violation times, BAR1, PCIe replays, MIG
+            mode) on every this-many-th slow tick (first included): ``MINUTE_EVERY_SLOW``.
         use_gpm: set False to force the pre-Hopper path (utilization as activity proxy, PCIe
             from the polled throughput call).
         max_backoff_ticks: longest wait, in ticks, between retries of a down device or library.
@@ -403,12 +410,14 @@ class NvmlSource:
         backend: NvmlBackend | None = None,
         *,
         slow_every: int = 10,
+        minute_every_slow: int = MINUTE_EVERY_SLOW,
         use_gpm: bool = True,
         max_backoff_ticks: int = 32,
         reprobe_every: int = 600,
     ) -> None:
         self.backend: NvmlBackend = backend if backend is not None else LiveBackend()
         self.slow_every = max(1, slow_every)
+        self.minute_every_slow = max(1, minute_every_slow)
         self.use_gpm = use_gpm
         self.max_backoff_ticks = max(1, max_backoff_ticks)
         self.gpus: tuple[GpuIdentity, ...] = ()
@@ -420,8 +429,8 @@ class NvmlSource:
         self.last_success_ts: float | None = None
         self._unsupported: dict[int, _Unsupported] = {}
         self._readers: dict[int, _Reader] = {}
-        self._slow_ticks = 0  # slow ticks so far: the energy counter is read on every ENERGY_EVERY_SLOW-th
-        self._energy_due = True
+        self._slow_ticks = 0  # slow ticks so far: the minute set is read on every MINUTE_EVERY_SLOW-th
+        self._minute_due = True
         self._tick = 0
         # device index → (reason, failures, next tick to retry)
         self._down: dict[int, tuple[str, int, int]] = {}
@@ -675,7 +684,7 @@ class NvmlSource:
             return NvmlReading(ts, samples, (), self.status(time.perf_counter() - t0), self._take_events())
         slow = tick % self.slow_every == 0
         if slow:
-            self._energy_due = self._slow_ticks % ENERGY_EVERY_SLOW == 0
+            self._minute_due = self._slow_ticks % self.minute_every_slow == 0
             self._slow_ticks += 1
         if tick and tick % self.reprobe_every == 0:
             self._reprobe()
@@ -999,25 +1008,8 @@ class NvmlSource:
             ("ecc_uncorrected_volatile_sram_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM),
         ):
             r.put(field, r.q(field, "nvmlDeviceGetMemoryErrorCounter", etype, NVML_VOLATILE_ECC, location), v)
-        if self._energy_due:
-            r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
-        bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
-        if bar1 is not None:
-            r.put("bar1_total_bytes", r.get("bar1_total_bytes", bar1, "bar1Total"), v)
-            r.put("bar1_used_bytes", r.get("bar1_used_bytes", bar1, "bar1Used"), v, limit=v.get("bar1_total_bytes"))
-        r.put("pcie_replay_total", r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter"), v)
-        replays = v.get("pcie_replay_total")
-        if replays is not None:
-            stepped = gpu.uuid in self._replay_prev and self._replay_prev[gpu.uuid] is None
-            prev = self._replay_prev.get(gpu.uuid)
-            self._replay_prev[gpu.uuid] = (ts, replays)
-            if stepped:
-                r.missing["pcie_replay_rate_per_second"] = "wall-clock step"
-            elif prev is not None and ts > prev[0]:
-                if replays >= prev[1]:
-                    v["pcie_replay_rate_per_second"] = (replays - prev[1]) / (ts - prev[0])
-                else:  # driver reload or reset: the counter restarted; no negative rate
-                    r.missing["pcie_replay_rate_per_second"] = "counter reset"
+        if self._minute_due:
+            self._minute(r, gpu, ts, v)
         remap = r.q("remapped_rows_correctable_total", "nvmlDeviceGetRemappedRows")
         if isinstance(remap, list) and len(remap) == 4:
             for field, raw in zip(
@@ -1037,14 +1029,35 @@ class NvmlSource:
                     r.put("retired_pages_double_bit_total", len(dbe), v)
                 r.put("retired_pages_pending", r.q("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus"), v)
         r.put("power_limit_watts", r.q("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit"), v, 1e-3)
+        r.put("persistence_mode", r.q("persistence_mode", "nvmlDeviceGetPersistenceMode"), v)
+        r.put("compute_mode", r.q("compute_mode", "nvmlDeviceGetComputeMode"), v)
+
+    def _minute(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
+        """The minute set (``MINUTE_EVERY_SLOW``): the calls that cost the driver most CPU."""
+        r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
+        bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
+        if bar1 is not None:
+            r.put("bar1_total_bytes", r.get("bar1_total_bytes", bar1, "bar1Total"), v)
+            r.put("bar1_used_bytes", r.get("bar1_used_bytes", bar1, "bar1Used"), v, limit=v.get("bar1_total_bytes"))
+        r.put("pcie_replay_total", r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter"), v)
+        replays = v.get("pcie_replay_total")
+        if replays is not None:
+            stepped = gpu.uuid in self._replay_prev and self._replay_prev[gpu.uuid] is None
+            prev = self._replay_prev.get(gpu.uuid)
+            self._replay_prev[gpu.uuid] = (ts, replays)
+            if stepped:
+                r.missing["pcie_replay_rate_per_second"] = "wall-clock step"
+            elif prev is not None and ts > prev[0]:
+                if replays >= prev[1]:
+                    v["pcie_replay_rate_per_second"] = (replays - prev[1]) / (ts - prev[0])
+                else:  # driver reload or reset: the counter restarted; no negative rate
+                    r.missing["pcie_replay_rate_per_second"] = "counter reset"
         for field, policy in (
             ("violation_power_seconds_total", NVML_PERF_POLICY_POWER),
             ("violation_thermal_seconds_total", NVML_PERF_POLICY_THERMAL),
         ):
             status = r.q(field, "nvmlDeviceGetViolationStatus", policy)
             r.put(field, r.get(field, status, "violationTime"), v, 1e-9)
-        r.put("persistence_mode", r.q("persistence_mode", "nvmlDeviceGetPersistenceMode"), v)
-        r.put("compute_mode", r.q("compute_mode", "nvmlDeviceGetComputeMode"), v)
         mig = r.q("mig_mode", "nvmlDeviceGetMigMode")
         if isinstance(mig, list) and mig:
             r.put("mig_mode", mig[0], v)

@@ -248,6 +248,7 @@ class LiveBackend:
         self._xid_queue: list[dict[str, Any]] = []
         self._xid_thread: threading.Thread | None = None
         self._xid_error: NvmlCallError | None = None
+        self._xid_retry_at = 0.0  # monotonic: when to try creating the event set again
         self._pcie_poll_seconds = pcie_poll_seconds
         self._pcie_wanted: dict[int, float] = {}  # device index → poll period (s)
         self._pcie_due: dict[int, float] = {}  # device index → monotonic time of its next poll
@@ -419,7 +420,14 @@ class LiveBackend:
 
     def xid_poll(self) -> list[dict[str, Any]]:
         if self._xid_thread is None:
-            self._start_xid_waiter()
+            if self._xid_error is not None and time.monotonic() < self._xid_retry_at:
+                raise self._xid_error  # no event set on this host: asked again each minute, not each tick
+            try:
+                self._xid_error = None
+                self._start_xid_waiter()
+            except NvmlCallError as exc:
+                self._xid_error, self._xid_retry_at = exc, time.monotonic() + 60.0
+                raise
         if self._xid_error is not None:
             raise self._xid_error
         with self._lock:
@@ -894,4 +902,15 @@ class ReplayBackend:
         return list(self._answer("sys", "xid_poll", (), {}) or [])
 
     def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
-        return self._answer(index, "pcie_throughput", (), kwargs)
+        try:
+            return self._answer(index, "pcie_throughput", (), kwargs)
+        except NvmlCallError as exc:
+            if exc.code != NOT_IN_CAPTURE:
+                raise
+        # ``period`` is how often the live backend polls, not part of the answer: a capture
+        # recorded while the cross-check polled at another cadence answers the same
+        prefix = _key(index, "pcie_throughput", (), {})[:-3]  # the key without its "{}]"
+        for key in self._current:
+            if key.startswith(prefix):
+                return self._answer(index, "pcie_throughput", (), json.loads(key)[3])
+        raise NvmlCallError(NOT_IN_CAPTURE, "pcie_throughput")
