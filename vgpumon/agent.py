@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from vgpumon.catalogue import is_rejection
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import HostSample, NvmlReading, Snapshot
-from vgpumon.pacing import sleep_unless, wait_for_slot
+from vgpumon.pacing import next_slot, sleep_unless
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
@@ -217,6 +218,7 @@ class Agent:
         # wedged driver) must not keep the other GPUs from their ticks, nor the process from
         # exiting on SIGTERM (ThreadPoolExecutor joins its threads at exit).
         self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+        self._stopping = threading.Event()  # set with the run's stop: ends a pause on the NVML thread
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store", initializer=name_os_thread)
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host", initializer=name_os_thread)
@@ -244,15 +246,27 @@ class Agent:
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
-    async def _sample(self, wall: float) -> NvmlReading:
-        """One tick from the NVML source, under a per-device deadline: a device whose read has
-        not finished ``call_deadline`` seconds after it began is wedged — the source marks it, the
-        stuck thread is left behind and the tick is finished on a fresh one, so the other GPUs
-        keep their schedule. Raises ``EndOfCapture`` at the end of a replay."""
+    def _sample_after(self, delay: float) -> NvmlReading | None:
+        """On the NVML thread: sleep ``delay`` seconds (the pause to the tick's slot), then read the
+        tick; ``None`` when the agent is stopped during the pause. The pause is slept here rather
+        than on the event loop so that a paced tick wakes the loop once, not twice (the timer,
+        then the read's result): a measurable share of an idle agent's CPU (docs/benchmarks.md)."""
+        if delay > 0 and self._stopping.wait(delay):
+            return None
+        return self.source.sample(self._tick_time())
+
+    async def _sample(self, delay: float = 0.0) -> NvmlReading | None:
+        """One tick from the NVML source, read after ``delay`` seconds (``None``: stopped
+        meanwhile), under a per-device deadline: a device whose read has not finished
+        ``call_deadline`` seconds after it began is wedged — the source marks it, the stuck thread
+        is left behind and the tick is finished on a fresh one, so the other GPUs keep their
+        schedule. Raises ``EndOfCapture`` at the end of a replay."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._nvml_exec, self.source.sample, wall)
+        fut = loop.run_in_executor(self._nvml_exec, self._sample_after, delay)
+        timeout = max(delay, 0.0) + self.call_deadline  # the first wait covers the pause too
         while True:
-            done, _ = await asyncio.wait({fut}, timeout=self.call_deadline)
+            done, _ = await asyncio.wait({fut}, timeout=timeout)
+            timeout = self.call_deadline
             if done:
                 return fut.result()
             stuck = self.source.inflight()
@@ -584,6 +598,8 @@ class Agent:
             StoreUnavailableError: the store cannot register the host's GPUs at start.
         """
         stop = stop or asyncio.Event()
+        stop_watch = asyncio.get_running_loop().create_task(stop.wait())
+        stop_watch.add_done_callback(lambda _: self._stopping.set())
         vllm_stop = asyncio.Event()
         vllm_task: asyncio.Task[None] | None = None
         k8s_stop = asyncio.Event()
@@ -607,11 +623,13 @@ class Agent:
             first_mono = start  # when the first tick was read: --duration and recorded pace
             last_flush = start
             k = 0
+            delay = 0.0  # to the next tick's slot, slept on the NVML thread (paced runs)
             while not stop.is_set():
-                wall = self._tick_time()
                 try:
-                    reading: NvmlReading = await self._sample(wall)
+                    reading = await self._sample(delay)
                 except EndOfCapture:
+                    break
+                if reading is None:  # stopped during the pause
                     break
                 ts = reading.ts
                 if first_ts is None:
@@ -652,10 +670,12 @@ class Agent:
                 if self.on_tick is not None:
                     self.on_tick(snap)
                 if self.paced and not self.recorded_pace:
-                    k = await wait_for_slot(stop, start, k, self.interval, self.monotonic)
+                    k, delay = next_slot(start, k, self.interval, self.monotonic())
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay
         finally:
+            self._stopping.set()
+            stop_watch.cancel()
             vllm_stop.set()
             if vllm_task is not None:
                 await self._stop_vllm(vllm_task)

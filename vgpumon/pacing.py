@@ -5,14 +5,15 @@ tasks, on as few event-loop wake-ups as the design allows.
 — makes a task for ``stop.wait()`` at every call and cancels it at every timeout: two extra loop
 iterations and several allocations per tick, a measurable share of an agent that otherwise idles
 (docs/benchmarks.md, footprint). ``sleep_unless`` waits on one long-lived waiter per stop event
-instead: a timer and a future per call, one wake-up when the timer fires.
+instead: a timer and a future per call, one wake-up when the timer fires. The agent's tick loop
+goes further: ``next_slot`` only computes the pause, which the NVML thread sleeps before it reads
+the tick, so a paced tick wakes the event loop once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Callable
 
 _waiters: "weakref.WeakKeyDictionary[asyncio.Event, asyncio.Task[bool]]" = weakref.WeakKeyDictionary()
 
@@ -41,27 +42,19 @@ async def sleep_unless(stop: asyncio.Event, delay: float) -> bool:
     return stop.is_set()
 
 
-async def wait_for_slot(
-    stop: asyncio.Event, start: float, k: int, interval: float, monotonic: Callable[[], float]
-) -> int:
-    """Sleep until slot ``k + 1`` (``start + (k + 1) * interval``) or until ``stop`` is set.
-
-    A loop body that overran skips the missed slots rather than bursting to catch up.
+def next_slot(start: float, k: int, interval: float, now: float) -> tuple[int, float]:
+    """The slot after ``k`` and the seconds until it (``start + slot * interval - now``, never
+    negative); a loop body that overran skips the missed slots rather than bursting to catch up.
 
     Args:
-        stop: ends the wait early when set.
         start: monotonic time of slot 0.
         k: the slot just served.
         interval: seconds between slots.
-        monotonic: the clock ``start`` was read from.
-
-    Returns:
-        The slot now due (``k + 1``, or later after an overrun).
+        now: the monotonic time now (the clock ``start`` was read from).
     """
     k += 1
-    delay = start + k * interval - monotonic()
+    delay = start + k * interval - now
     if delay < 0:
         k += int(-delay // interval) + 1
-        delay = start + k * interval - monotonic()
-    await sleep_unless(stop, max(delay, 0))
-    return k
+        delay = start + k * interval - now
+    return k, max(delay, 0.0)

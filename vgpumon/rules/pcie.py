@@ -225,7 +225,7 @@ RULES: tuple[Rule, ...] = (
         ),
         for_seconds=300.0,
         keep_firing_seconds=300.0,
-        every_seconds=15.0,
+        every_seconds=60.0,
     ),
     Rule(
         "PcieUplinkSaturated", "warning", "pcie_port",
@@ -244,7 +244,7 @@ RULES: tuple[Rule, ...] = (
         ),
         for_seconds=300.0,
         keep_firing_seconds=300.0,
-        every_seconds=15.0,
+        every_seconds=60.0,
     ),
     Rule(
         "GpuPcieLinkDegraded", "warning", "gpu",
