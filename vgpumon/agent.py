@@ -24,7 +24,6 @@ shutdown. Its samples ride the same batches and the same backlog as the GPU rows
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -581,13 +580,13 @@ class Agent:
 
     def _attribute(self, snap: Snapshot) -> Snapshot:
         """The snapshot with the kubelet's newest allocations attached (pod, namespace, container
-        of its GPUs and GPU processes) and the source's status beside NVML's."""
+        of its GPUs and GPU processes); unchanged while there are none (no kubelet). The source's
+        status is put beside NVML's when the snapshot is built."""
         from vgpumon.sources.kubernetes import attach
 
         assert self.kubernetes is not None
         if snap.host is not None:
             self._last_host = snap.host
-        snap = dataclasses.replace(snap, sources=(*snap.sources, self.kubernetes.status()))
         return attach(snap, self.kubernetes.current(), host=self._last_host)
 
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
@@ -650,6 +649,8 @@ class Agent:
                     pids = {pid for s in reading.samples for pid, _ in s.processes}
                     host = await asyncio.get_running_loop().run_in_executor(self._host_exec, self.host.sample, ts, pids)
                 statuses = tuple(s for s in (reading.status,) if s is not None)
+                if self.kubernetes is not None:
+                    statuses = (*statuses, self.kubernetes.status())
                 snap = Snapshot(
                     ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
                     xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
