@@ -3,7 +3,10 @@ nvidia-ml-py's wrappers answer, on this machine's GPUs and driver.
 
 For every GPU and every fast-set call, both are asked back to back and their plain answers
 compared: equal, except the fields that move between two reads (a field value's timestamp and
-latency; memory used/free while something allocates). Exit status 1 on a difference.
+latency; memory used/free while something allocates). Then the collector reads ticks alternately
+through its straight-line path (``nvml._FastPath``) and its general path: the same fields must
+be present, with the same reasons for the missing ones, and the values that do not move between
+two ticks (total memory, link, P-state, process IDs) equal. Exit status 1 on a difference.
 
 Usage: python3 bench/fast_equivalence.py
 """
@@ -71,8 +74,47 @@ def main() -> int:
                 print(f"GPU {index} {fn}{args}: {'same' if same else 'DIFFERENT'}  fast={got}  nvidia-ml-py={want}")
     finally:
         backend.shutdown()
+    bad += paths()
     print(f"{bad} difference(s)")
     return 1 if bad else 0
+
+
+STILL = ("memory_total_bytes", "performance_state", "pcie_link_gen_current", "pcie_link_width_current", "activity_source")
+
+
+def paths(pairs: int = 10) -> int:
+    """Ticks alternately through the straight-line and the general path; differences counted."""
+    import time
+
+    from vgpumon.sources.nvml import NvmlSource
+
+    src = NvmlSource(LiveBackend(), slow_every=10**6)
+    src.start()
+    bad = 0
+    try:
+        for _ in range(3):
+            src.sample()
+        for _ in range(pairs):
+            got = {}
+            for fast in (True, False):
+                src.fast_path = fast
+                got[fast] = src.sample().samples
+                time.sleep(0.05)
+            for a, b in zip(got[True], got[False]):
+                da = {f: getattr(a, f) for f in a.__slots__ if f not in ("ts", "missing")}
+                db = {f: getattr(b, f) for f in b.__slots__ if f not in ("ts", "missing")}
+                present = {f for f, x in da.items() if x is not None} ^ {f for f, x in db.items() if x is not None}
+                still = [f for f in STILL if da[f] != db[f]]
+                pids = [p for p, _ in a.processes] != [p for p, _ in b.processes]
+                if present or still or pids or a.missing.keys() != b.missing.keys():
+                    bad += 1
+                    print(f"GPU {a.index} paths DIFFERENT: present only in one {sorted(present)}, moved {still}, "
+                          f"pids {pids}, missing {sorted(a.missing.keys() ^ b.missing.keys())}")
+        print(f"straight-line path against the general path: {pairs} pairs of ticks, {bad} difference(s)"
+              f" (served: {sum(fp is not None for fp in src._fast.values())} of {len(src.gpus)} GPUs)")
+    finally:
+        src.close()
+    return bad
 
 
 if __name__ == "__main__":

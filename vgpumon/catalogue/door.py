@@ -30,6 +30,10 @@ _INT64_BLANK = 0x7FFF_FFFF_FFFF_FFF0
 _FP64_BLANK = float(2**47)
 #: Smallest value that can be a sentinel: below it the sentinel test is one comparison.
 _SENTINEL_FLOOR = _INT32_BLANK
+#: Between these (exclusive) no value is a sentinel either: memory sizes and byte counters live
+#: here (2^32-1 is the last sentinel below, DCGM's FP64 blank 2^47 the first above).
+_PLAIN_LO = 0xFFFF_FFFF
+_PLAIN_HI = _FP64_BLANK
 
 
 def sentinel(value: Any) -> str | None:

@@ -215,7 +215,7 @@ class HostEvent:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built every tick: not frozen, see GpuSample
 class SourceStatus:
     """Self-metrics of one source.
 
@@ -292,7 +292,7 @@ class HostSample:
     missing: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built every tick: not frozen, see GpuSample
 class NvmlReading:
     """What the NVML source returns for one tick."""
 
@@ -303,7 +303,7 @@ class NvmlReading:
     events: tuple[HostEvent, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built every tick: not frozen, see GpuSample
 class Snapshot:
     """Everything one tick saw on one host.
 

@@ -30,6 +30,7 @@ Every call goes through ``_Reader.q``:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections import Counter, deque
@@ -38,10 +39,12 @@ from typing import Any
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
-from vgpumon.catalogue.door import _SENTINEL_FLOOR, sentinel
+from vgpumon.catalogue.door import _PLAIN_HI, _PLAIN_LO, _SENTINEL_FLOOR, sentinel
 from vgpumon.errors import NvmlUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, NvmlReading, SourceStatus, XidEvent
 from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.sources.nvml_fast import _INSUFFICIENT_SIZE, _NOT_AVAILABLE_U64
+from vgpumon.sources.nvml_fast import _VALUE_MEMBERS as _FV_MEMBERS
 from vgpumon.sources.nvml_backend import (
     ERROR_NAMES,
     NOT_IN_CAPTURE,
@@ -188,14 +191,17 @@ class _Unsupported(set):
     def __init__(self) -> None:
         super().__init__()
         self.fns: set[str] = set()
+        self.version = 0  # changes with every add and clear: a reader built on the set rebuilds
 
     def add(self, key: tuple[Any, ...]) -> None:
         super().add(key)
         self.fns.add(key[0])
+        self.version += 1
 
     def clear(self) -> None:
         super().clear()
         self.fns.clear()
+        self.version += 1
 
 
 class _Reader:
@@ -292,7 +298,9 @@ class _Reader:
         # ``Door.value``, which decides, counts and says why.
         cls = raw.__class__
         spec = self.spec.get(field)
-        if (cls is int or cls is float) and spec is not None and (raw < _SENTINEL_FLOOR or not sentinel(raw)):
+        if (cls is int or cls is float) and spec is not None and (
+            raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI or not sentinel(raw)
+        ):
             x = raw * scale if scale != 1.0 else raw
             lo, hi, integral, flag = spec
             if lo <= x <= hi and (limit is None or x <= limit * (1 + 1e-6)):
@@ -384,6 +392,225 @@ _FAST_SCALARS: tuple[tuple[str, str, tuple[Any, ...], float], ...] = (
 )
 
 
+def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]) -> None:
+    """``v["processes"]`` from ``(pid, usedGpuMemory)`` pairs of a compute-process list: the
+    whole list is refused when a PID cannot be one (nvidia-ml-py's struct layout and the driver's
+    disagree: PIDs read as 0 / 4294967295 in a pattern); a process's memory figure outside its
+    range costs only that figure (the process stays listed)."""
+    if any(pid.__class__ is not int or pid <= 0 or pid > PID_MAX for pid, _ in procs):
+        r.missing["processes"] = "garbage PIDs: nvidia-ml-py and driver disagree on the process struct"
+        r.rejected["processes"] += 1
+        return
+    out = []
+    limit = v.get("memory_total_bytes", r.memory_limit)
+    for pid, used in procs:
+        if used is not None:
+            one: dict[str, Any] = {}
+            r.put("used_gpu_memory_bytes", used, one, limit=limit)
+            if "used_gpu_memory_bytes" not in one:  # this process's figure only; it stays listed
+                r.missing["used_gpu_memory_bytes"] = f"{r.missing['used_gpu_memory_bytes']} (pid {pid})"
+            used = one.get("used_gpu_memory_bytes")
+        out.append((pid, used))
+    v["processes"] = tuple(out)
+
+
+class _FastPath:
+    """One device's fast set in straight-line code, for the live backend: the calls
+    ``NvmlSource._sample_device`` makes (GPM aside), through the device's own C functions and
+    out-structs (``nvml_fast.Parts``), with the door's common path (a plain number inside its
+    field's range, not a sentinel) inline and every constant worked out once.
+
+    Nothing unusual is handled here: a call that answers an error goes to the general path for
+    that call (which asks it again and decides: not supported, lifecycle, a reason), a value
+    outside its field's range to ``_Reader.put`` (which decides, counts and says why). So its
+    answers are the general path's, at a fraction of the Python per value (docs/benchmarks.md,
+    "Agent footprint"). Built per device; rebuilt when the device's "not supported" cache or
+    reader changes.
+    """
+
+    def __init__(self, source: "NvmlSource", r: _Reader, gpu: GpuIdentity, parts: Any) -> None:
+        self.source, self.r, self.gpu, self.parts = source, r, gpu, parts
+        self.version = r.unsupported.version
+        spec = r.spec
+
+        def kind(field: str, scale: float) -> tuple[float, float, int]:
+            """(lo, hi, how to admit): 0 the raw int, 1 float(x), 2 bool(x), 3 ``_Reader.put``."""
+            lo, hi, integral, flag = spec[field]
+            how = 2 if flag else (0 if scale == 1.0 else 3) if integral else 1
+            return lo, hi, how
+
+        self.scalars: list[tuple[Any, ...]] = []
+        for field, fn, args, scale in _FAST_SCALARS:
+            if (fn, args, ()) in r.unsupported:  # answered "not supported": not asked, as q does
+                self.scalars.append((field, fn, args, scale, None, None, None, 0.0, 0.0, 3))
+                continue
+            cfn, ref, out = parts.scalars[fn]
+            self.scalars.append((field, fn, args, scale, cfn, ref, out, *kind(field, scale)))
+        self.pstate = (*parts.scalars["nvmlDeviceGetPerformanceState"], *kind("performance_state", 1.0))
+        self.memtemp_unsupported = ("nvmlDeviceGetFieldValues", ((NVML_FI_DEV_MEMORY_TEMP,),), ()) in r.unsupported
+        fv_cfn, fv_type = parts.field_values
+        self.fv = (fv_cfn, (fv_type * 1)(), ctypes.c_int32(1))
+        self.fv[1][0].fieldId = NVML_FI_DEV_MEMORY_TEMP
+        self.memtemp = kind("memory_temperature_celsius", 1.0)
+        self.util = kind("utilization_gpu_ratio", 0.01)
+        self.mem = kind("memory_used_bytes", 1.0)
+
+    @staticmethod
+    def build(source: "NvmlSource", r: _Reader, gpu: GpuIdentity) -> "_FastPath | None":
+        """The device's fast path, or ``None`` where the general path must serve (not the live
+        backend, a driver without one of the C functions, memory API not decided as v2, a field
+        the door does not treat as a plain number)."""
+        parts_of = getattr(source.backend, "fast_parts", None)
+        if parts_of is None or source._mem_api.get(gpu.index) != "v2" or r.watch is None:
+            return None
+        try:
+            parts = parts_of(gpu.index)
+        except NvmlCallError:
+            return None
+        if parts is None or None in (parts.memory, parts.utilization, parts.field_values, parts.processes):
+            return None
+        if any(fn not in parts.scalars for _, fn, _, _ in _FAST_SCALARS) or "nvmlDeviceGetPerformanceState" not in parts.scalars:
+            return None
+        names = ("memory_used_bytes", "memory_total_bytes", "memory_reserved_bytes", "utilization_gpu_ratio",
+                 "utilization_memory_ratio", "memory_temperature_celsius", "performance_state", "used_gpu_memory_bytes",
+                 *(f for f, *_ in _FAST_SCALARS))
+        if any(n not in r.spec for n in names):
+            return None
+        return _FastPath(source, r, gpu, parts)
+
+    def head(self, v: dict[str, Any]) -> None:
+        """Memory (v2) and utilization, as ``NvmlSource._memory`` and the utilization lines.
+
+        Raises:
+            DeviceDown: on a lifecycle error (through the general path).
+        """
+        r, w, h = self.r, self.r.watch, self.parts.handle
+        gen = r.generation
+        missing = r.missing
+        cfn, ref, m = self.parts.memory
+        w.fn = "nvmlDeviceGetMemoryInfo"
+        ret = cfn(h, ref)
+        if w.generation != gen:
+            w.returned(r.index, "nvmlDeviceGetMemoryInfo")
+        if ret:
+            self.source._memory(r, self.gpu, v)  # asks again and decides
+        else:
+            total, used, reserved = m.total, m.used, m.reserved
+            lo, hi, how = self.mem
+            if how == 0 and lo <= total <= hi and (total < _SENTINEL_FLOOR or _PLAIN_LO < total < _PLAIN_HI):
+                v["memory_total_bytes"] = total
+            else:
+                r.put("memory_total_bytes", total, v)
+            limit = v.get("memory_total_bytes", r.memory_limit)
+            cap = hi if limit is None else min(hi, limit * (1 + 1e-6))
+            for field, raw in (("memory_used_bytes", used), ("memory_reserved_bytes", reserved)):
+                if how == 0 and lo <= raw <= cap and (raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI):
+                    v[field] = raw
+                else:
+                    r.put(field, raw, v, limit=limit)
+        cfn, ref, u = self.parts.utilization
+        w.fn = "nvmlDeviceGetUtilizationRates"
+        ret = cfn(h, ref)
+        if w.generation != gen:
+            w.returned(r.index, "nvmlDeviceGetUtilizationRates")
+        if ret:
+            util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")  # asks again and decides
+            if util is not None:
+                r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
+                r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
+            elif "utilization_gpu_ratio" in missing:
+                missing["utilization_memory_ratio"] = missing["utilization_gpu_ratio"]
+            return
+        lo, hi, how = self.util
+        for field, raw in (("utilization_gpu_ratio", u.gpu), ("utilization_memory_ratio", u.memory)):
+            x = raw * 0.01
+            if how == 1 and lo <= x <= hi:  # percent: a sentinel is far out of range
+                v[field] = x
+            else:
+                r.put(field, raw, v, 0.01)
+
+    def tail(self, v: dict[str, Any]) -> None:
+        """HBM temperature, the plain getters, performance state and compute processes, as
+        ``NvmlSource._sample_device`` reads them after GPM.
+
+        Raises:
+            DeviceDown: on a lifecycle error (through the general path).
+        """
+        r, w, h = self.r, self.r.watch, self.parts.handle
+        gen, index = r.generation, r.index
+        missing = r.missing
+        # HBM temperature: one field-values entry; the entry's own return code decides
+        if self.memtemp_unsupported:
+            missing["memory_temperature_celsius"] = "not supported"
+        else:
+            cfn, arr, n = self.fv
+            w.fn = "nvmlDeviceGetFieldValues"
+            ret = cfn(h, n, arr)
+            if w.generation != gen:
+                w.returned(index, "nvmlDeviceGetFieldValues")
+            e = arr[0]
+            member = _FV_MEMBERS.get(e.valueType)
+            if ret or e.nvmlReturn or member is None:
+                r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
+            else:
+                raw = getattr(e.value, member)
+                lo, hi, how = self.memtemp
+                if raw.__class__ is int and how < 2 and lo <= raw <= hi and raw < _SENTINEL_FLOOR:
+                    v["memory_temperature_celsius"] = raw if how == 0 else float(raw)
+                else:
+                    r.put("memory_temperature_celsius", raw, v)
+        for field, fn, args, scale, cfn, ref, out, lo, hi, how in self.scalars:
+            if cfn is None:
+                missing[field] = "not supported"
+                continue
+            w.fn = fn
+            ret = cfn(h, *args, ref)
+            if w.generation != gen:
+                w.returned(index, fn)
+            if ret:
+                r.put(field, r.q(field, fn, *args), v, scale)  # asks again and decides
+                continue
+            raw = out.value
+            x = raw if scale == 1.0 else raw * scale
+            if how != 3 and lo <= x <= hi and (raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI):
+                v[field] = raw if how == 0 else float(x) if how == 1 else bool(x)
+            else:
+                r.put(field, raw, v, scale)
+        cfn, ref, out, lo, hi, how = self.pstate
+        w.fn = "nvmlDeviceGetPerformanceState"
+        ret = cfn(h, ref)
+        if w.generation != gen:
+            w.returned(index, "nvmlDeviceGetPerformanceState")
+        pstate = out.value if not ret else r.q("performance_state", "nvmlDeviceGetPerformanceState")
+        if pstate == NVML_PSTATE_UNKNOWN:
+            missing["performance_state"] = "unknown"
+        elif how == 0 and pstate is not None and lo <= pstate <= hi:
+            v["performance_state"] = pstate
+        else:
+            r.put("performance_state", pstate, v)
+        # compute processes (v3 structs); more than fit: grow as nvidia-ml-py does
+        cfn, proc, held = self.parts.processes
+        arr = held[0]
+        count = ctypes.c_uint(len(arr))
+        w.fn = "nvmlDeviceGetComputeRunningProcesses"
+        ret = cfn(h, ctypes.byref(count), arr)
+        if ret == _INSUFFICIENT_SIZE:
+            arr = held[0] = (proc * (count.value * 2 + 5))()
+            count = ctypes.c_uint(len(arr))
+            ret = cfn(h, ctypes.byref(count), arr)
+        if w.generation != gen:
+            w.returned(index, "nvmlDeviceGetComputeRunningProcesses")
+        if ret:
+            self.source._processes(r, v)  # asks again and decides
+            return
+        procs = []
+        for i in range(count.value):
+            p = arr[i]
+            used = p.usedGpuMemory
+            procs.append((p.pid, None if used == _NOT_AVAILABLE_U64 else used))
+        _admit_processes(r, v, procs)
+
+
 class NvmlSource:
     """Samples every NVIDIA GPU of the host through an ``NvmlBackend``.
 
@@ -429,6 +656,12 @@ class NvmlSource:
         self.last_success_ts: float | None = None
         self._unsupported: dict[int, _Unsupported] = {}
         self._readers: dict[int, _Reader] = {}
+        #: the straight-line reader per device (``_FastPath``; ``None`` where it cannot serve) and
+        #: the state it was last built for
+        self._fast: dict[int, _FastPath | None] = {}
+        self._fast_tried: dict[int, tuple[Any, ...]] = {}
+        #: use ``_FastPath`` where the backend allows (the live one); False: the general path only
+        self.fast_path = True
         self._slow_ticks = 0  # slow ticks so far: the minute set is read on every MINUTE_EVERY_SLOW-th
         self._minute_due = True
         self._tick = 0
@@ -837,6 +1070,8 @@ class NvmlSource:
         self._step_noted = True
 
     def _take_events(self) -> tuple[HostEvent, ...]:
+        if not self._events:
+            return ()
         events, self._events = self._events, []
         return tuple(e if e.ts else replace(e, ts=self._now) for e in events)
 
@@ -896,18 +1131,34 @@ class NvmlSource:
             return s
         return replace(s, xid_counts=dict(counts), xid_last_seen=dict(self._xid_last[s.uuid]))
 
+    def _fast_path(self, r: _Reader, gpu: GpuIdentity) -> _FastPath | None:
+        """The device's straight-line reader, kept while its reader and "not supported" cache
+        stay the same; ``None`` where the general path serves."""
+        fp = self._fast.get(gpu.index)
+        if fp is not None and fp.r is r and fp.gpu is gpu and fp.version == r.unsupported.version:
+            return fp
+        key = (r, gpu, r.unsupported.version, self._mem_api.get(gpu.index))
+        if fp is None and self._fast_tried.get(gpu.index) == key:
+            return None  # built and refused for the same state: general path
+        fp = self._fast[gpu.index] = _FastPath.build(self, r, gpu)
+        self._fast_tried[gpu.index] = key
+        return fp
+
     def _sample_device(self, gpu: GpuIdentity, ts: float, slow: bool) -> GpuSample:
         r = self._reader(gpu.index, gpu)
         v: dict[str, Any] = {}
+        fast = self._fast_path(r, gpu) if self.fast_path else None
 
-        self._memory(r, gpu, v)
-
-        util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
-        if util is not None:
-            r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
-            r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
-        elif "utilization_gpu_ratio" in r.missing:  # MIG mode: no device-level utilization
-            r.missing["utilization_memory_ratio"] = r.missing["utilization_gpu_ratio"]
+        if fast is not None:
+            fast.head(v)
+        else:
+            self._memory(r, gpu, v)
+            util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
+            if util is not None:
+                r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
+                r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
+            elif "utilization_gpu_ratio" in r.missing:  # MIG mode: no device-level utilization
+                r.missing["utilization_memory_ratio"] = r.missing["utilization_gpu_ratio"]
 
         if gpu.gpm_supported:
             v["activity_source"] = "gpm"
@@ -917,14 +1168,17 @@ class NvmlSource:
             v["activity_source"] = "utilization"
             self._pcie_throughput(r, gpu, ts, v)
 
-        r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
-        r.scalars(_FAST_SCALARS, v)
-        pstate = r.q("performance_state", "nvmlDeviceGetPerformanceState")
-        if pstate == NVML_PSTATE_UNKNOWN:
-            r.missing["performance_state"] = "unknown"
+        if fast is not None:
+            fast.tail(v)
         else:
-            r.put("performance_state", pstate, v)
-        self._processes(r, v)
+            r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
+            r.scalars(_FAST_SCALARS, v)
+            pstate = r.q("performance_state", "nvmlDeviceGetPerformanceState")
+            if pstate == NVML_PSTATE_UNKNOWN:
+                r.missing["performance_state"] = "unknown"
+            else:
+                r.put("performance_state", pstate, v)
+            self._processes(r, v)
         if slow:
             self._slow(r, gpu, ts, v)
         return GpuSample(ts=ts, uuid=gpu.uuid, index=gpu.index, missing=r.missing, **v)
@@ -975,23 +1229,7 @@ class NvmlSource:
             r.missing["processes"] = f"rejected: malformed answer {str(procs)[:40]!r}"
             r.rejected["processes"] += 1
             return
-        pids = [p.get("pid") for p in procs]
-        if any(not isinstance(pid, int) or pid <= 0 or pid > PID_MAX for pid in pids):
-            # nvidia-ml-py struct layout ≠ driver's: PIDs read as 0 / 4294967295 in a pattern.
-            r.missing["processes"] = "garbage PIDs: nvidia-ml-py and driver disagree on the process struct"
-            r.rejected["processes"] += 1
-            return
-        out = []
-        for pid, p in zip(pids, procs):
-            used = p.get("usedGpuMemory")
-            if used is not None:
-                one: dict[str, Any] = {}
-                r.put("used_gpu_memory_bytes", used, one, limit=v.get("memory_total_bytes", r.memory_limit))
-                if "used_gpu_memory_bytes" not in one:  # this process's figure only; it stays listed
-                    r.missing["used_gpu_memory_bytes"] = f"{r.missing['used_gpu_memory_bytes']} (pid {pid})"
-                used = one.get("used_gpu_memory_bytes")
-            out.append((pid, used))
-        v["processes"] = tuple(out)
+        _admit_processes(r, v, [(p.get("pid"), p.get("usedGpuMemory")) for p in procs])
 
     def _slow(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
         for field, etype, counter in (
@@ -1102,7 +1340,9 @@ class NvmlSource:
         collector fault (a known exporter failure: a PCIe rate of 0 during a 56 GB/s copy), not
         an idle link: stored as an event, and GPM's PCIe values are withheld until a check
         agrees again."""
-        history = self._gpm_history.setdefault(gpu.uuid, deque(maxlen=CROSSCHECK_HISTORY))
+        history = self._gpm_history.get(gpu.uuid)
+        if history is None:
+            history = self._gpm_history[gpu.uuid] = deque(maxlen=CROSSCHECK_HISTORY)
         history.append((ts, v.get("pcie_tx_bytes_per_second"), v.get("pcie_rx_bytes_per_second")))
         if slow:
             self._crosscheck_once(r, gpu, history)

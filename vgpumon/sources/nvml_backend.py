@@ -257,6 +257,7 @@ class LiveBackend:
         self._pcie_thread: threading.Thread | None = None
         self._fast: Any = None  # vgpumon.sources.nvml_fast.FastCalls, from init()
         self._bound: dict[int, dict[str, Any]] = {}
+        self._parts: dict[int, Any] = {}  # index → nvml_fast.Parts
 
     def _lib(self) -> Any:
         if self._nvml is None:
@@ -282,6 +283,7 @@ class LiveBackend:
         # as nvidia-ml-py's wrappers, without their per-call Python
         self._fast = FastCalls(nv, NvmlCallError)
         self._bound.clear()
+        self._parts.clear()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -294,6 +296,7 @@ class LiveBackend:
             self._free_gpm(index)
         self._handles.clear()
         self._bound.clear()
+        self._parts.clear()
         self._fast = None
         try:
             self._lib().nvmlShutdown()
@@ -332,6 +335,20 @@ class LiveBackend:
                 return {}
             bound = self._bound[index] = self._fast.bind(self._handle(index))
         return bound
+
+    def fast_parts(self, index: int) -> Any:
+        """Device ``index``'s fast-set C functions and out-structs (``nvml_fast.Parts``) for the
+        collector's straight-line reader; ``None`` before ``init()``. Dropped with the handle.
+
+        Raises:
+            NvmlCallError: the device's handle cannot be had.
+        """
+        parts = self._parts.get(index)
+        if parts is None:
+            if self._fast is None:
+                return None
+            parts = self._parts[index] = self._fast.parts(self._handle(index))
+        return parts
 
     def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
         bound = self._bound.get(index)
@@ -414,6 +431,7 @@ class LiveBackend:
     def forget_device(self, index: int) -> None:
         self._handles.pop(index, None)
         self._bound.pop(index, None)
+        self._parts.pop(index, None)
         self._free_gpm(index)
 
     # XID events ---------------------------------------------------------------------------------
@@ -430,6 +448,8 @@ class LiveBackend:
                 raise
         if self._xid_error is not None:
             raise self._xid_error
+        if not self._xid_queue:  # the common tick: nothing queued, no lock taken
+            return []
         with self._lock:
             events, self._xid_queue = self._xid_queue, []
         return events

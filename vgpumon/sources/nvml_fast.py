@@ -58,6 +58,7 @@ class FastCalls:
         self._proc = _plain_copy("ProcessInfoV3", nv.c_nvmlProcessInfo_v3_t)
         self._field = _plain_copy("FieldValue", nv.c_nvmlFieldValue_t)
         self._makers: list[tuple[str, Callable[[str, Any, Any], Callable[..., Any]], Any]] = []
+        self._scalar_types: dict[str, tuple[Any, Any]] = {}
         scalars = {
             "nvmlDeviceGetPowerUsage": ctypes.c_uint,
             "nvmlDeviceGetTemperature": ctypes.c_uint,
@@ -74,6 +75,7 @@ class FastCalls:
             except nv.NVMLError:
                 continue  # this driver lacks it: nvidia-ml-py's wrapper answers
             self._makers.append((fn, lambda f, c, h, t=ctype: self._scalar(f, c, h, t), cfn))
+            self._scalar_types[fn] = (cfn, ctype)
         for fn, cname, make in (
             ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", self._memory_v2),
             ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetUtilizationRates", self._utilization),
@@ -88,6 +90,32 @@ class FastCalls:
     def bind(self, handle: Any) -> dict[str, Callable[..., Any]]:
         """The fast calls of one device (its ``nvmlDevice_t``), by nvidia-ml-py function name."""
         return {fn: make(fn, cfn, handle) for fn, make, cfn in self._makers}
+
+    def parts(self, handle: Any) -> "Parts":
+        """The C functions and out-structs of one device's fast set, for a reader in straight-line
+        code (``vgpumon.sources.nvml._FastPath``); each device gets structs of its own."""
+        cfns = {fn: cfn for fn, _, cfn in self._makers}
+        parts = Parts(handle)
+        cfn = cfns.get("nvmlDeviceGetMemoryInfo")
+        if cfn is not None:
+            m = self._mem_v2()
+            m.version = self.nv.nvmlMemory_v2
+            parts.memory = (cfn, ctypes.byref(m), m)
+        cfn = cfns.get("nvmlDeviceGetUtilizationRates")
+        if cfn is not None:
+            u = self._util()
+            parts.utilization = (cfn, ctypes.byref(u), u)
+        cfn = cfns.get("nvmlDeviceGetFieldValues")
+        if cfn is not None:
+            parts.field_values = (cfn, self._field)
+        cfn = cfns.get("nvmlDeviceGetComputeRunningProcesses")
+        if cfn is not None:
+            parts.processes = (cfn, self._proc, [(self._proc * 32)()])
+        for fn, (cfn, ctype) in self._scalar_types.items():
+            out = ctype()
+            parts.scalars[fn] = (cfn, ctypes.byref(out), out)
+        return parts
+
 
     def _scalar(self, fn: str, cfn: Any, handle: Any, ctype: Any) -> Callable[..., Any]:
         error, out = self.error, ctype()
@@ -183,3 +211,20 @@ class FastCalls:
             return out
 
         return call
+
+
+class Parts:
+    """One device's fast-set C functions with their out-structs: ``(cfn, ref, struct)`` for
+    memory (v2, version set) and utilization, ``(cfn, struct type)`` for field values,
+    ``(cfn, struct type, [array])`` for the process list (the array grows when too small), and
+    ``scalars[fn] = (cfn, ref, out)`` for the plain getters. ``None``: this driver lacks it."""
+
+    __slots__ = ("handle", "memory", "utilization", "field_values", "processes", "scalars")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.memory: Any = None
+        self.utilization: Any = None
+        self.field_values: Any = None
+        self.processes: Any = None
+        self.scalars: dict[str, Any] = {}
