@@ -1322,13 +1322,26 @@ class NvmlSource:
             for field in _GPM_FIELDS.values():
                 r.missing[field] = "GPM: first sample, no interval yet"
             return
+        spec, pcie_limit = r.spec, r.pcie_limit
         for metric_id, field in _GPM_FIELDS.items():
             value = metrics.get(metric_id)
+            if value.__class__ is float:  # the common case, inline: a float inside the field's range
+                lo, hi = spec[field][:2]
+                if metric_id in _GPM_PCIE:  # MiB/s
+                    x = value * _MIB
+                    if lo <= x <= hi and (pcie_limit is None or x <= pcie_limit * (1 + 1e-6)):
+                        v[field] = x
+                        continue
+                else:  # percent
+                    x = value * 0.01
+                    if lo <= x <= hi:
+                        v[field] = x
+                        continue
             if isinstance(value, NvmlCallError):
                 r.missing[field] = f"GPM: {value.reason}"
-            elif metric_id in _GPM_PCIE:  # MiB/s
-                r.put(field, value, v, _MIB, r.pcie_limit)
-            else:  # percent
+            elif metric_id in _GPM_PCIE:
+                r.put(field, value, v, _MIB, pcie_limit)
+            else:
                 r.put(field, value, v, 0.01)
 
     def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any], slow: bool) -> None:
