@@ -66,13 +66,19 @@ def test_no_permission_degrades_one_field():
     assert readings[2].samples[0].ecc_uncorrected_volatile_total == 0
 
 
-def test_the_energy_counter_is_read_every_sixth_slow_tick():
-    """3.3 ms of CPU a read (FACTS §1): read each minute at the defaults, not on every slow tick."""
-    _, readings = run(*read_capture(IDLE_FULL), slow_every=2)
-    assert len(readings) >= 21
-    read = [i for i, r in enumerate(readings[:21]) if r.samples[0].energy_joules_total is not None]
-    assert read == [0, 12]
-    assert all(r.samples[0].ecc_uncorrected_volatile_total == 0 for r in readings[:21:2])  # the rest of the slow set: every slow tick
+def test_the_minute_set_is_read_each_minute_and_the_slow_set_every_slow_tick():
+    """Energy (2.8-3.3 ms of CPU a read, FACTS §1) and the rest of the minute set: read on the
+    first slow tick a minute after the last read, not on every slow tick; ECC on every one."""
+    header, ticks = scenarios.repeat(*read_capture(IDLE_FULL), 7)  # 147 s at 1 s, slow every 2
+    _, readings = run(header, ticks, slow_every=2)
+    def asked(field):  # read, or asked and answered "not in capture" (the recording read it less often)
+        return [r.ts for r in readings if getattr(r.samples[0], field) is not None or field in r.samples[0].missing]
+
+    read = asked("energy_joules_total")
+    assert read[0] == readings[0].ts and len(read) == 3
+    assert all(57 <= b - a <= 61 for a, b in zip(read, read[1:]))  # each minute, on a slow tick
+    assert asked("bar1_used_bytes") == asked("violation_power_seconds_total") == asked("mig_mode") == read
+    assert all(r.samples[0].ecc_uncorrected_volatile_total == 0 for r in readings[:21:2])  # every slow tick
 
 
 def test_library_mismatch_at_start_is_retried_and_recovers():
@@ -126,7 +132,7 @@ def test_counter_reset_gives_no_negative_rate():
     header, ticks = read_capture(IDLE_FULL)
     for tick, value in ((0, 100), (2, 110), (4, 3), (6, 13)):
         header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetPcieReplayCounter", {"v": value}, at=[tick])
-    _, readings = run(header, ticks, slow_every=2, minute_every_slow=1)  # the counter on every slow tick
+    _, readings = run(header, ticks, slow_every=2, minute_seconds=0)  # the counter on every slow tick
     rates = [readings[i].samples[0].pcie_replay_rate_per_second for i in (0, 2, 4, 6)]
     assert rates[0] is None and rates[2] is None
     assert readings[4].samples[0].missing["pcie_replay_rate_per_second"] == "counter reset"
@@ -137,7 +143,7 @@ def test_mig_enabled_utilization_is_none_not_zero():
     header, ticks = read_capture(IDLE_FULL)
     header, ticks = scenarios.fail_call(header, ticks, "nvmlDeviceGetUtilizationRates", NVML_ERROR_NOT_SUPPORTED)
     header, ticks = scenarios.set_call(header, ticks, 0, "nvmlDeviceGetMigMode", {"v": [1, 1]}, at=range(0, 100, 2))
-    _, readings = run(header, ticks, slow_every=2, minute_every_slow=1)  # MIG mode on every slow tick
+    _, readings = run(header, ticks, slow_every=2, minute_seconds=0)  # MIG mode on every slow tick
     s = readings[2].samples[0]
     assert s.mig_mode == 1
     assert s.utilization_gpu_ratio is None and s.utilization_memory_ratio is None

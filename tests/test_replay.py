@@ -77,6 +77,28 @@ def test_recorded_pace_follows_the_captures_timestamps_not_the_interval(tmp_path
     assert seen[-1][0] - m0 < 30.0  # the interval would have taken 75 s
 
 
+def test_recorded_pace_after_a_gap_in_the_capture_keeps_each_tick_on_time(tmp_path: Path) -> None:
+    """A capture with a 1.5 s gap (the recorder paused): the tick after the gap comes when its
+    recorded offset says, and so does every later one — no tick held back by the gap's wait
+    taken twice (that showed as a stale ``/metrics`` for the gap's length, then a burst)."""
+    from vgpumon.sources.nvml_backend import ReplayBackend
+
+    header, ticks = scenarios.retime(*scenarios.load(str(H200_CAPTURE)), 0.04)
+    ticks = [t if t["tick"] < 20 else {**t, "ts": t["ts"] + 1.5} for t in ticks]
+    capture = tmp_path / "gap.jsonl.gz"
+    scenarios.write(capture, header, ticks)
+    seen: list[tuple[float, float]] = []
+    agent = Agent(
+        NvmlSource(ReplayBackend(capture)), None, hostname="h", interval=1.0, paced=False, recorded_pace=True,
+        on_tick=lambda snap: seen.append((time.monotonic(), snap.ts)),
+    )
+    asyncio.run(agent.run())
+    (m0, t0) = seen[0]
+    late = [round((m - m0) - (ts - t0), 2) for m, ts in seen]
+    assert all(x >= -1e-3 for x in late)  # never ahead of the recording
+    assert max(late) < 0.75, late  # nor half the gap behind it
+
+
 def test_pace_recorded_from_the_command_line(tmp_path: Path) -> None:
     capture, stamps = _retimed(tmp_path, 0.04)
     db = tmp_path / "x.db"

@@ -101,7 +101,8 @@ def _memory_used(share: float | None, repeat: int = 1):
 
 def _replays(per_read: int):
     def derive():
-        return _set_every_tick(*idle_full(), "nvmlDeviceGetPcieReplayCounter", lambda t: 1 + per_read * t)
+        # 84 s of the idle capture: the replay counter is read each minute (the minute set), twice here
+        return _set_every_tick(*idle_full(repeat=4), "nvmlDeviceGetPcieReplayCounter", lambda t: 1 + per_read * t)
     return derive
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from conftest import DATA, H200_CAPTURE, replay_into
+import pytest
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
@@ -112,7 +113,7 @@ def test_rates_across_a_wall_clock_step_are_unknown_and_duration_is_monotonic(tm
     url = f"sqlite:///{tmp_path / 'x.db'}"
     header, ticks = read_capture(IDLE_FULL)
     edge = _LiveTime(scenarios.backend(header, ticks), step=+7200.0, at=9)
-    source = NvmlSource(edge, slow_every=2, minute_every_slow=1)  # the replay counter on every slow tick
+    source = NvmlSource(edge, slow_every=2, minute_seconds=0)  # the replay counter on every slow tick
     store = open_store(url)
     readings = []
     agent = Agent(
@@ -146,3 +147,27 @@ def test_rows_stored_counts_rows_inserted_and_duplicates_apart(tmp_path):
     assert "76 rows stored" in first.stderr and "skipped" not in first.stderr
     assert "0 rows stored" in second.stderr
     assert "76 rows were stored already and skipped" in second.stderr
+
+
+class _RealTime:
+    """The NVML process edge of a live run: a capture's answers at this host's real clocks."""
+
+    replays_time = False
+
+    def __init__(self, inner: ReplayBackend) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(("interval", "duration", "ticks"), [(0.2, 1.0, 5), (0.25, 0.6, 3)])
+def test_a_paced_run_of_a_given_duration_holds_the_ticks_before_it(tmp_path, interval, duration, ticks):
+    """``--interval 0.2s --duration 1s``: the ticks at 0, 0.2, 0.4, 0.6 and 0.8 s, never the one
+    due at 1 s itself, whichever way the scheduling jitter falls (reads start on their slots)."""
+    header, capture = read_capture(IDLE_FULL)
+    for _ in range(3):
+        agent = Agent(NvmlSource(_RealTime(scenarios.backend(header, capture))), None, hostname="h",
+                      interval=interval, duration=duration, paced=True)
+        asyncio.run(agent.run())
+        assert agent.stats.ticks == ticks

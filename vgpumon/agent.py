@@ -218,6 +218,7 @@ class Agent:
         # exiting on SIGTERM (ThreadPoolExecutor joins its threads at exit).
         self._nvml_exec = DaemonExecutor("vgpumon-nvml")
         self._stopping = threading.Event()  # set with the run's stop: ends a pause on the NVML thread
+        self._host_sample: HostSample | None = None  # taken on the NVML thread after its tick
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store", initializer=name_os_thread)
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host", initializer=name_os_thread)
@@ -245,23 +246,30 @@ class Agent:
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
-    def _sample_after(self, delay: float) -> NvmlReading | None:
+    def _sample_after(self, delay: float, host_due: bool = False) -> NvmlReading | None:
         """On the NVML thread: sleep ``delay`` seconds (the pause to the tick's slot), then read the
-        tick; ``None`` when the agent is stopped during the pause. The pause is slept here rather
-        than on the event loop so that a paced tick wakes the loop once, not twice (the timer,
-        then the read's result): a measurable share of an idle agent's CPU (docs/benchmarks.md)."""
+        tick (and, when ``host_due``, the host sample into ``_host_sample``); ``None`` when the
+        agent is stopped during the pause. The pause is slept and the host read here rather than
+        on the event loop and the host thread so that a paced tick wakes the loop once, not two or
+        three times: a measurable share of an idle agent's CPU (docs/benchmarks.md)."""
         if delay > 0 and self._stopping.wait(delay):
             return None
-        return self.source.sample(self._tick_time())
+        reading = self.source.sample(self._tick_time())
+        if host_due and self.host is not None:
+            try:
+                self._host_sample = self.host.sample(reading.ts, {pid for s in reading.samples for pid, _ in s.processes})
+            except Exception:  # noqa: BLE001 - the host's figures must never cost a tick
+                log.exception("host sample failed")
+        return reading
 
-    async def _sample(self, delay: float = 0.0) -> NvmlReading | None:
+    async def _sample(self, delay: float = 0.0, host_due: bool = False) -> NvmlReading | None:
         """One tick from the NVML source, read after ``delay`` seconds (``None``: stopped
         meanwhile), under a per-device deadline: a device whose read has not finished
         ``call_deadline`` seconds after it began is wedged — the source marks it, the stuck thread
         is left behind and the tick is finished on a fresh one, so the other GPUs keep their
         schedule. Raises ``EndOfCapture`` at the end of a replay."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._nvml_exec, self._sample_after, delay)
+        fut = loop.run_in_executor(self._nvml_exec, self._sample_after, delay, host_due)
         timeout = max(delay, 0.0) + self.call_deadline  # the first wait covers the pause too
         while True:
             done, _ = await asyncio.wait({fut}, timeout=timeout)
@@ -623,9 +631,12 @@ class Agent:
             last_flush = start
             k = 0
             delay = 0.0  # to the next tick's slot, slept on the NVML thread (paced runs)
+            paced_live = self.paced and not self.recorded_pace
             while not stop.is_set():
                 try:
-                    reading = await self._sample(delay)
+                    host_due = self.host is not None and self.stats.ticks % self.host_every == 0
+                    self._host_sample = None
+                    reading = await self._sample(delay, host_due)
                 except EndOfCapture:
                     break
                 if reading is None:  # stopped during the pause
@@ -635,17 +646,23 @@ class Agent:
                     first_ts, first_mono = ts, self.monotonic()
                 # a live run's --duration is monotonic time; a replay's is the capture's time
                 elapsed = ts - first_ts if self._replaying else self.monotonic() - first_mono
+                if paced_live:
+                    # ticks are read on their slots: the one due at the duration itself is not in
+                    # the run (10 s at 2 s: the ticks at 0, 2, 4, 6 and 8 s), whichever way the
+                    # few milliseconds of scheduling jitter fall
+                    elapsed += min(self.interval / 2, 0.05)
                 if self.duration is not None and elapsed >= self.duration:
                     break
+                delay = 0.0
                 if self.recorded_pace:
-                    delay = first_mono + (ts - first_ts) - self.monotonic()
-                    if delay > 0:  # a tick read is a tick stored: a stop only ends the wait
-                        await sleep_unless(stop, delay)
+                    wait = first_mono + (ts - first_ts) - self.monotonic()
+                    if wait > 0:  # a tick read is a tick stored: a stop only ends the wait
+                        await sleep_unless(stop, wait)
                 if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                     self.stats.gpus = len(self.source.gpus)
                     await self._register()
-                host = None
-                if self.host is not None and self.stats.ticks % self.host_every == 0:
+                host = self._host_sample if host_due else None
+                if host_due and host is None and self.host is not None:  # the tick was resumed after a wedge
                     pids = {pid for s in reading.samples for pid, _ in s.processes}
                     host = await asyncio.get_running_loop().run_in_executor(self._host_exec, self.host.sample, ts, pids)
                 statuses = tuple(s for s in (reading.status,) if s is not None)
@@ -670,7 +687,7 @@ class Agent:
                     self.rules.poke(ts)  # never blocks: starts an evaluation cycle when one is due
                 if self.on_tick is not None:
                     self.on_tick(snap)
-                if self.paced and not self.recorded_pace:
+                if paced_live:
                     k, delay = next_slot(start, k, self.interval, self.monotonic())
                 else:
                     await asyncio.sleep(0)  # let writes and signals through during a fast replay

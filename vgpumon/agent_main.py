@@ -182,8 +182,15 @@ def run(plan: dict[str, Any]) -> int:
         call_deadline=a["call_deadline"],
         rules=rules,
     )
+    api = api_config(plan)
+    # What exists now (modules, the catalogue, SQLAlchemy's tables and caches) lives as long as the
+    # process: out of the collector's reach, a full collection no longer walks it every time.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     try:
-        stats = asyncio.run(run_until_signal(runner, exporter, api_config(plan)))
+        stats = asyncio.run(run_until_signal(runner, exporter, api))
     except CaptureFormatError as exc:
         # a capture broken part-way: the ticks before the fault are stored; say so, or a user
         # replaying it again after a fix would not expect "stored already" lines

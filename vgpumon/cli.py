@@ -203,7 +203,7 @@ def agent(
         typer.Option(help="Name this host is stored under, also for a replay (default: the system host name; VGPUMON_HOSTNAME, setting agent.hostname)."),
     ] = None,
     slow_every: Annotated[
-        Optional[int], typer.Option(help="Read the slow set (ECC, remapped rows, ...) every N ticks (default: 10, or the capture's cadence); energy and the other minute-set calls on every sixth slow tick.")
+        Optional[int], typer.Option(help="Read the slow set (ECC, remapped rows, ...) every N ticks (default: 10, or the capture's cadence); energy and the other minute-set calls on the first slow tick a minute after their last read.")
     ] = None,
     no_gpm: Annotated[bool, typer.Option("--no-gpm", help="Do not use GPM (forces the pre-Hopper path).")] = False,
     reprobe_every: Annotated[

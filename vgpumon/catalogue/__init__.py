@@ -225,7 +225,7 @@ def render_markdown() -> str:
         "(2^32−1, 2^64−1, DCGM's 32-bit, 64-bit and FP64 blanks) or a non-number — is rejected at the",
         "door: stored as NULL, counted per field and recorded with its reason in `rejected_values`.",
         "Cadence: fast = every tick (default 1 s), slow = every `--slow-every` ticks (default 10),",
-        "minute = every sixth slow tick (a minute at the defaults: the calls that cost the driver most CPU),",
+        "minute = the first slow tick a minute after the last read (the calls that cost the driver most CPU),",
         "static = at start and after a re-initialisation, host = every `--host-every` ticks, poll = every",
         "vLLM poll, start = once per server start, export = derived by the exporter at each scrape.",
     ]

@@ -140,8 +140,8 @@ class Field:
         help: one sentence; the Prometheus HELP text and the docs' description.
         source: where the value comes from: the NVML call (with its raw unit), the vLLM metric
             names and versions, or the psutil call.
-        cadence: ``fast`` (every tick), ``slow`` (every ``slow_every`` ticks), ``minute`` (every
-            ``MINUTE_EVERY_SLOW``-th slow tick: a minute at the defaults; calls that cost the
+        cadence: ``fast`` (every tick), ``slow`` (every ``slow_every`` ticks), ``minute`` (the first
+            slow tick a minute after the last read, ``MINUTE_SECONDS``; calls that cost the
             driver a millisecond or more of CPU, on counters or rarely changing facts), ``static`` (at
             start and after a re-initialisation), ``event``, ``host`` (every ``host_every``
             ticks), ``poll`` (every vLLM poll), ``start`` (once per server start),

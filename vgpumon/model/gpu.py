@@ -61,8 +61,9 @@ class GpuSample:
     because a frozen dataclass of this width costs four times as much to build (about 19 µs
     against 4 µs here, once per GPU per tick: a tenth of the fast set's own cost).
 
-    Fast fields are read every tick; slow fields (ECC, energy) only every ``slow_every`` ticks
-    and are ``None`` on the other ticks (``missing`` does not name them then).
+    Fast fields are read every tick; slow fields (ECC) only every ``slow_every`` ticks and the
+    minute set (energy, BAR1, ...) each minute; they are ``None`` on the other ticks (``missing``
+    does not name them then).
 
     Attributes:
         ts: tick time, seconds since the Unix epoch (UTC).
@@ -95,17 +96,17 @@ class GpuSample:
         ecc_*: ``nvmlDeviceGetTotalEccErrors(type, counter)``; volatile counts since the last
             driver load, aggregate over the board's life (slow set). ``*_dram_*``/``*_sram_*``:
             ``nvmlDeviceGetMemoryErrorCounter`` by location where the board exports it.
-        bar1_used_bytes, bar1_total_bytes: ``nvmlDeviceGetBAR1MemoryInfo`` (slow set).
-        pcie_replay_total: ``nvmlDeviceGetPcieReplayCounter`` (slow set).
+        bar1_used_bytes, bar1_total_bytes: ``nvmlDeviceGetBAR1MemoryInfo`` (minute set).
+        pcie_replay_total: ``nvmlDeviceGetPcieReplayCounter`` (minute set).
         remapped_rows_*: ``nvmlDeviceGetRemappedRows`` (Ampere and later; slow set).
         retired_pages_*: ``nvmlDeviceGetRetiredPages`` / ``...PendingStatus`` (pre-Ampere).
         power_limit_watts: ``nvmlDeviceGetEnforcedPowerLimit`` mW / 1000 (``enforced.power.limit``).
         violation_power_seconds_total, violation_thermal_seconds_total:
-            ``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` ns / 1e9 (slow set).
+            ``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` ns / 1e9 (minute set).
         persistence_mode, compute_mode, mig_mode: ``nvmlDeviceGetPersistenceMode``,
-            ``nvmlDeviceGetComputeMode``, ``nvmlDeviceGetMigMode`` current (slow set).
+            ``nvmlDeviceGetComputeMode`` (slow set), ``nvmlDeviceGetMigMode`` current (minute set).
         energy_joules_total: ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000 since driver load
-            (slow set).
+            (minute set: once a minute).
         memory_temperature_celsius: HBM temperature, ``nvmlDeviceGetFieldValues`` field 82
             (``NVML_FI_DEV_MEMORY_TEMP``; nvidia-smi ``temperature.memory``).
         pcie_replay_rate_per_second: increase of ``pcie_replay_total`` per second since the

@@ -6,7 +6,8 @@ link, processes) costs a few hundred µs per GPU and runs every tick; the slow s
 type and location, remapped rows, power limit, persistence and compute modes) runs every
 ``slow_every`` ticks; the minute set (energy, violation times, BAR1, PCIe replay counter, MIG mode:
 calls that keep the driver busy for 0.2–3.3 ms of CPU each, on counters or facts that rarely
-change) on every ``MINUTE_EVERY_SLOW``-th slow tick; static facts are read at start and after a
+change) on the first slow tick at least ``MINUTE_SECONDS`` after its last read; static facts
+are read at start and after a
 re-initialisation. ``nvmlDeviceGetPcieThroughput`` (21 ms, blocking)
 is never called on the sampling thread: with GPM, PCIe bytes/s come from GPM averaged over the
 whole tick; without GPM the backend polls the throughput call on a thread of its own.
@@ -118,8 +119,9 @@ CROSSCHECK_RATIO = 0.25
 CROSSCHECK_MIN_BPS = 5e9
 CROSSCHECK_STRIKES = 3
 CROSSCHECK_POLL_SECONDS = 30.0
-#: The minute set (catalogue cadence ``minute``) is read on every this-many-th slow tick (each
-#: minute at the defaults), not on every one. Measured on the H200 (bench/nvml_call_cpu.py, CPU per
+#: The minute set (catalogue cadence ``minute``) is read on the first slow tick at least this
+#: many seconds (tick time, 5 % slack for jitter) after its last read: each minute at the
+#: defaults, on every slow tick when those are further apart. Measured on the H200 (bench/nvml_call_cpu.py, CPU per
 #: call): ``nvmlDeviceGetTotalEnergyConsumption`` 2.8 ms, ``nvmlDeviceGetViolationStatus`` 0.7 ms
 #: per policy, ``nvmlDeviceGetPcieReplayCounter``, ``nvmlDeviceGetBAR1MemoryInfo`` and
 #: ``nvmlDeviceGetMigMode`` about 0.17 ms each: 4.7 ms a GPU, at every slow tick 0.05 % of a core,
@@ -127,7 +129,7 @@ CROSSCHECK_POLL_SECONDS = 30.0
 #: energy or violation time over any window is still the difference of two reads); BAR1 and MIG
 #: mode change with deployments, not within a minute. The ECC and remapped-row counters, which
 #: page someone, stay in the slow set (a few µs each).
-MINUTE_EVERY_SLOW = 6
+MINUTE_SECONDS = 60.0
 CROSSCHECK_HISTORY = 64
 #: A ``nvmlDeviceGetPcieThroughput`` reading older than this is not used for a tick.
 PCIE_THROUGHPUT_MAX_AGE_S = 15.0
@@ -620,8 +622,9 @@ class NvmlSource:
         backend: ``LiveBackend()`` by default; ``ReplayBackend`` / ``RecordingBackend`` for
             captures. The same code runs on all three.
         slow_every: read the slow set every this many ticks (first tick included).
-        minute_every_slow: read the minute set (energy, violation times, BAR1, PCIe replays, MIG
-            mode) on every this-many-th slow tick (first included): ``MINUTE_EVERY_SLOW``.
+        minute_seconds: read the minute set (energy, violation times, BAR1, PCIe replays, MIG
+            mode) on the first slow tick at least this long after its last read (the first slow
+            tick included): ``MINUTE_SECONDS``; 0 reads it on every slow tick.
         use_gpm: set False to force the pre-Hopper path (utilization as activity proxy, PCIe
             from the polled throughput call).
         max_backoff_ticks: longest wait, in ticks, between retries of a down device or library.
@@ -637,14 +640,14 @@ class NvmlSource:
         backend: NvmlBackend | None = None,
         *,
         slow_every: int = 10,
-        minute_every_slow: int = MINUTE_EVERY_SLOW,
+        minute_seconds: float = MINUTE_SECONDS,
         use_gpm: bool = True,
         max_backoff_ticks: int = 32,
         reprobe_every: int = 600,
     ) -> None:
         self.backend: NvmlBackend = backend if backend is not None else LiveBackend()
         self.slow_every = max(1, slow_every)
-        self.minute_every_slow = max(1, minute_every_slow)
+        self.minute_seconds = max(0.0, minute_seconds)
         self.use_gpm = use_gpm
         self.max_backoff_ticks = max(1, max_backoff_ticks)
         self.gpus: tuple[GpuIdentity, ...] = ()
@@ -662,7 +665,7 @@ class NvmlSource:
         self._fast_tried: dict[int, tuple[Any, ...]] = {}
         #: use ``_FastPath`` where the backend allows (the live one); False: the general path only
         self.fast_path = True
-        self._slow_ticks = 0  # slow ticks so far: the minute set is read on every MINUTE_EVERY_SLOW-th
+        self._minute_last: float | None = None  # tick time of the minute set's last read
         self._minute_due = True
         self._tick = 0
         # device index → (reason, failures, next tick to retry)
@@ -917,8 +920,11 @@ class NvmlSource:
             return NvmlReading(ts, samples, (), self.status(time.perf_counter() - t0), self._take_events())
         slow = tick % self.slow_every == 0
         if slow:
-            self._minute_due = self._slow_ticks % self.minute_every_slow == 0
-            self._slow_ticks += 1
+            last = self._minute_last
+            # a wall clock stepped back (ts before the last read) makes it due too
+            self._minute_due = last is None or not 0 <= ts - last < self.minute_seconds * 0.95
+            if self._minute_due:
+                self._minute_last = ts
         if tick and tick % self.reprobe_every == 0:
             self._reprobe()
         if self._unidentified:
@@ -1271,7 +1277,7 @@ class NvmlSource:
         r.put("compute_mode", r.q("compute_mode", "nvmlDeviceGetComputeMode"), v)
 
     def _minute(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
-        """The minute set (``MINUTE_EVERY_SLOW``): the calls that cost the driver most CPU."""
+        """The minute set (``MINUTE_SECONDS``): the calls that cost the driver most CPU."""
         r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
         bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
         if bar1 is not None:
