@@ -213,6 +213,27 @@ def _look_before_writing(engine: Engine) -> None:
         reader.dispose()
 
 
+@contextmanager
+def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
+    """SQLite only: foreign keys off on ``conn`` while it migrates. A migration that rebuilds a
+    referenced table (SQLite cannot ALTER most things: Alembic copies the table, drops the old
+    one and renames the copy) would otherwise fail on the drop of a table that sample rows refer
+    to ("FOREIGN KEY constraint failed", a store that holds data stuck at its revision). The
+    references are checked after the migrations (``PRAGMA foreign_key_check``) and switched on
+    again before the connection goes back to the pool. SQLite ignores the pragma inside a
+    transaction: it is set before ``conn.begin()``."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+    conn.commit()
+    try:
+        yield
+    finally:
+        conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+        conn.commit()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     """Bring the schema to ``revision`` (idempotent; safe with many agents on one store).
 
@@ -232,7 +253,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
 
     _look_before_writing(engine)
     try:
-        with _sqlite_migration_lock(engine), engine.begin() as conn:
+        with _sqlite_migration_lock(engine), engine.connect() as conn, _sqlite_foreign_keys_off(conn), conn.begin():
             if conn.dialect.name == "postgresql":
                 # Held until this transaction ends: other agents wait here, then see head.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
@@ -251,6 +272,13 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
                     command.stamp(cfg, BASELINE_REVISION)
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(conn).get_current_revision()
+            if conn.dialect.name == "sqlite":
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:  # rolled back: the store stays at its old revision
+                    raise StoreUnavailableError(
+                        f"store {describe_store(engine)}: upgrading to {after} would leave {len(broken)} rows "
+                        f"referring to missing rows (first: table {broken[0][0]}); nothing was changed"
+                    )
     except SQLAlchemyError as exc:
         raise _fail(engine, exc) from None
     if before != after:

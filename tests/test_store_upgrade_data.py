@@ -1,0 +1,39 @@
+"""A SQLite store that holds data upgrades across a migration that rebuilds a referenced table.
+
+Revision 0009 changes ``gpus``' constraints; SQLite cannot ALTER them, so Alembic copies the
+table and drops the old one, which every sample row refers to: with foreign keys on, that drop
+failed ("FOREIGN KEY constraint failed", exit 69) and a store written by an older vgpumon could
+not be upgraded at all, by ``vgpumon db upgrade`` or by the agent's start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from vgpumon.store import migrate
+from vgpumon.store.engine import make_engine
+
+
+def test_a_sqlite_store_with_samples_at_0008_upgrades_to_head_and_keeps_them(tmp_path):
+    db = tmp_path / "old.db"
+    engine = make_engine(f"sqlite:///{db}")
+    assert migrate.upgrade(engine, "0008") == (None, "0008")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO hosts (id, hostname, first_seen) VALUES (1, 'h', '2026-01-01 00:00:00')")
+        conn.exec_driver_sql(
+            'INSERT INTO gpus (id, uuid, host_id, "index", gpm_supported, first_seen, last_seen) '
+            "VALUES (1, 'GPU-1', 1, 0, 1, '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+        )
+        conn.exec_driver_sql("INSERT INTO gpu_samples (gpu_id, ts, up) VALUES (1, 1000, 1), (1, 2000, 1)")
+    engine.dispose()
+    out = subprocess.run([sys.executable, "-m", "vgpumon", "db", "upgrade", "--db", f"sqlite:///{db}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    engine = make_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == migrate.head_revision()
+        assert conn.exec_driver_sql("SELECT count(*) FROM gpu_samples").scalar() == 2
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # back on for the pool's connection
+        assert conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
+    engine.dispose()
