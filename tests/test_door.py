@@ -63,9 +63,10 @@ class Injection:
 
 
 SLOW = range(2, 21, 2)  # the idle capture's slow ticks
+MINUTE = range(0, 21, 2)  # ... of which the first reads the minute set (energy) in its 20 s
 INJECTIONS = [
     Injection("power: 64-bit blank", H200_CAPTURE, "nvmlDeviceGetPowerUsage", _set(INT64_BLANK), range(10, 20), "power_watts"),
-    Injection("energy: 64-bit blank", IDLE_FULL, "nvmlDeviceGetTotalEnergyConsumption", _set(INT64_BLANK), SLOW, "energy_joules_total"),
+    Injection("energy: 64-bit blank", IDLE_FULL, "nvmlDeviceGetTotalEnergyConsumption", _set(INT64_BLANK), MINUTE, "energy_joules_total"),
     Injection("SM clock: 64-bit blank", H200_CAPTURE, "nvmlDeviceGetClockInfo", _set(INT64_BLANK), range(10, 20), "sm_clock_hertz", (1,)),
     Injection("power limit: 64-bit blank", IDLE_FULL, "nvmlDeviceGetEnforcedPowerLimit", _set(INT64_BLANK), SLOW, "power_limit_watts"),
     Injection(
