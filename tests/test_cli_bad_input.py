@@ -123,6 +123,9 @@ CASES = [
     Case("db-other-engine", ["diagnose", "h", "--db", f"mysql://u:{SECRET}@db/x"], 64, r"--db: vgpumon stores into SQLite or Postgres, not 'mysql'"),
     Case("db-sqlite-no-file", ["db", "stats", "--db", "sqlite://"], 64, r"--db: a SQLite store needs a file"),
     Case("db-sqlite-memory", ["agent", "--replay", str(H200_CAPTURE), "--db", "sqlite:///:memory:"], 64, r"--db: an in-memory SQLite store keeps nothing"),
+    # a directory where no file can be made (a pseudo file system): the migration lock says so
+    Case("agent-store-on-proc", ["agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "/proc/vgpumon-test.db"], 69,
+         r"cannot create /proc/vgpumon-test\.db\.migrate\.lock"),
     Case("agent-store-dir-impossible", ["agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "{d}/zero.db/sub/x.db"], 69,
          r"cannot create the store's directory .*zero\.db/sub: Not a directory"),
     Case("capacity-unknown-host", ["capacity", "nosuch", "--db", "{d}/store.db"], 64, r"nosuch is not in the store"),

@@ -169,7 +169,12 @@ def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
         return
     from filelock import FileLock, Timeout
 
-    lock = FileLock(f"{file}.migrate.lock", timeout=SQLITE_LOCK_TIMEOUT_S)
+    path = f"{file}.migrate.lock"
+    try:  # where the file cannot be made (a read-only or pseudo file system such as /proc), say so
+        open(path, "a").close()  # now: the lock would take every failure to open it for "held"
+    except OSError as exc:
+        raise unavailable(engine, f"cannot create {path}: {exc.strerror or exc}") from None
+    lock = FileLock(path, timeout=SQLITE_LOCK_TIMEOUT_S)
     try:
         with lock:
             yield
