@@ -37,3 +37,19 @@ def test_a_sqlite_store_with_samples_at_0008_upgrades_to_head_and_keeps_them(tmp
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # back on for the pool's connection
         assert conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
     engine.dispose()
+
+
+def test_readers_of_a_store_at_an_older_revision_say_to_upgrade_it(tmp_path):
+    """``diagnose --db`` and ``db stats`` on a store an older vgpumon wrote: one line naming its
+    revision and the command that upgrades it, not the SQL error of a missing column."""
+    db = tmp_path / "old.db"
+    engine = make_engine(f"sqlite:///{db}")
+    migrate.upgrade(engine, "0008")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO hosts (id, hostname, first_seen) VALUES (1, 'h', '2026-01-01 00:00:00')")
+    engine.dispose()
+    for args, code in ((["diagnose", "h", "--db", str(db)], 3), (["db", "stats", "--db", str(db)], 69)):
+        out = subprocess.run([sys.executable, "-m", "vgpumon", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == code, out.stderr
+        assert "schema revision 0008, older than this vgpumon reads" in out.stderr
+        assert "vgpumon db upgrade" in out.stderr and "no such" not in out.stderr + out.stdout

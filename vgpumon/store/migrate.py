@@ -84,6 +84,18 @@ _DOWN = re.compile(r'^down_revision(?:: *[^=]+)? *= *["\']([^"\']+)["\']', re.M)
 
 
 @lru_cache(maxsize=1)
+def packaged_revisions() -> frozenset[str]:
+    """Every revision shipped with this version of vgpumon, read from the revision files
+    without Alembic."""
+    out = set()
+    for path in (_script_location() / "versions").glob("*.py"):
+        rev = _REVISION.search(path.read_text(encoding="utf-8"))
+        if rev is not None:
+            out.add(rev.group(1))
+    return frozenset(out)
+
+
+@lru_cache(maxsize=1)
 def packaged_head() -> str | None:
     """The head revision read from the revision files' ``revision``/``down_revision`` lines,
     without Alembic: the one revision no other revises. ``None`` when that is not exactly one

@@ -180,6 +180,7 @@ class Store:
         # statements the agent's rules run every cycle, built once with bound parameters: building
         # a SQLAlchemy statement and its cache key costs more than running it on a small window
         self._stmts: dict[tuple[Any, ...], Any] = {}
+        self._schema_ok = False  # a reader found the tables at the revision this vgpumon reads
 
     @staticmethod
     def _ids(n: int) -> list[Any]:
@@ -219,6 +220,23 @@ class Store:
         file, another application's database), so readers say that instead of "no such table"."""
         if not self.engine.dialect.has_table(conn, Host.__table__.name):
             raise StoreUnavailableError(f"{describe_store(self.engine)} holds no vgpumon data (no tables)")
+        if self._schema_ok:
+            return
+        # an older schema than this vgpumon reads: say so, not "no such column" (a newer one is
+        # read: its additions are left alone)
+        from vgpumon.store.migrate import packaged_head, packaged_revisions
+
+        head = packaged_head()
+        current = None
+        if self.engine.dialect.has_table(conn, "alembic_version"):
+            current = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        if head is not None and current != head and (current is None or current in packaged_revisions()):
+            raise StoreUnavailableError(
+                f"{describe_store(self.engine)} has schema revision {current or '(from before migrations)'}, older than "
+                f"this vgpumon reads ({head}): run `vgpumon db upgrade --db URL` (an agent of this version upgrades it "
+                "when it starts)"
+            )
+        self._schema_ok = True
 
     def init_schema(self) -> None:
         """Bring the schema to the newest revision (Alembic; under an advisory lock on Postgres).
@@ -523,6 +541,8 @@ class Store:
         """The GPUs stored for a host, by NVML index."""
         try:
             with self.engine.connect() as conn:
+                if not self._schema_ok:
+                    self._require_tables(conn)
                 stmt = self._stmt(("gpus_of",), lambda: select(Gpu.__table__).join(Host, Host.id == Gpu.host_id)
                                   .where(Host.hostname == bindparam("hostname")).order_by(Gpu.index))
                 rows = conn.execute(stmt, {"hostname": hostname}).mappings().all()
