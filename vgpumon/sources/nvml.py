@@ -488,7 +488,6 @@ class _FastPath:
         """
         r, w, h = self.r, self.r.watch, self.parts.handle
         gen = r.generation
-        missing = r.missing
         cfn, ref, m = self.parts.memory
         w.fn = "nvmlDeviceGetMemoryInfo"
         ret = cfn(h, ref)
@@ -516,12 +515,7 @@ class _FastPath:
         if w.generation != gen:
             w.returned(r.index, "nvmlDeviceGetUtilizationRates")
         if ret:
-            util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")  # asks again and decides
-            if util is not None:
-                r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
-                r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
-            elif "utilization_gpu_ratio" in missing:
-                missing["utilization_memory_ratio"] = missing["utilization_gpu_ratio"]
+            self.source._utilization(r, v)  # asks again and decides
             return
         lo, hi, how = self.util
         for field, raw in (("utilization_gpu_ratio", u.gpu), ("utilization_memory_ratio", u.memory)):
@@ -1159,12 +1153,7 @@ class NvmlSource:
             fast.head(v)
         else:
             self._memory(r, gpu, v)
-            util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
-            if util is not None:
-                r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
-                r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
-            elif "utilization_gpu_ratio" in r.missing:  # MIG mode: no device-level utilization
-                r.missing["utilization_memory_ratio"] = r.missing["utilization_gpu_ratio"]
+            self._utilization(r, v)
 
         if gpu.gpm_supported:
             v["activity_source"] = "gpm"
@@ -1216,6 +1205,15 @@ class NvmlSource:
         r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
         if api == "v2":
             r.put("memory_reserved_bytes", r.get("memory_reserved_bytes", mem, "reserved"), v, limit=limit)
+
+    @staticmethod
+    def _utilization(r: _Reader, v: dict[str, Any]) -> None:
+        util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
+        if util is not None:
+            r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
+            r.put("utilization_memory_ratio", r.get("utilization_memory_ratio", util, "memory"), v, 0.01)
+        elif "utilization_gpu_ratio" in r.missing:  # MIG mode: no device-level utilization
+            r.missing["utilization_memory_ratio"] = r.missing["utilization_gpu_ratio"]
 
     def _decide_memory_api(self, gpu: GpuIdentity, api: str) -> str:
         self._mem_api[gpu.index] = api
