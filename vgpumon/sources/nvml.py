@@ -432,7 +432,6 @@ class _FastPath:
 
     def __init__(self, source: "NvmlSource", r: _Reader, gpu: GpuIdentity, parts: Any) -> None:
         self.source, self.r, self.gpu, self.parts = source, r, gpu, parts
-        self.version = r.unsupported.version
         spec = r.spec
 
         def kind(field: str, scale: float) -> tuple[float, float, int]:
@@ -654,9 +653,9 @@ class NvmlSource:
         self._unsupported: dict[int, _Unsupported] = {}
         self._readers: dict[int, _Reader] = {}
         #: the straight-line reader per device (``_FastPath``; ``None`` where it cannot serve) and
-        #: the state it was last built for
+        #: the state it was built for (reader, identity, "not supported" cache, memory API)
         self._fast: dict[int, _FastPath | None] = {}
-        self._fast_tried: dict[int, tuple[Any, ...]] = {}
+        self._fast_built: dict[int, tuple[Any, ...]] = {}
         #: use ``_FastPath`` where the backend allows (the live one); False: the general path only
         self.fast_path = True
         self._minute_last: float | None = None  # tick time of the minute set's last read
@@ -1134,14 +1133,11 @@ class NvmlSource:
     def _fast_path(self, r: _Reader, gpu: GpuIdentity) -> _FastPath | None:
         """The device's straight-line reader, kept while its reader and "not supported" cache
         stay the same; ``None`` where the general path serves."""
-        fp = self._fast.get(gpu.index)
-        if fp is not None and fp.r is r and fp.gpu is gpu and fp.version == r.unsupported.version:
-            return fp
         key = (r, gpu, r.unsupported.version, self._mem_api.get(gpu.index))
-        if fp is None and self._fast_tried.get(gpu.index) == key:
-            return None  # built and refused for the same state: general path
+        if self._fast_built.get(gpu.index) == key:
+            return self._fast[gpu.index]  # built (or refused: None) for this very state
         fp = self._fast[gpu.index] = _FastPath.build(self, r, gpu)
-        self._fast_tried[gpu.index] = key
+        self._fast_built[gpu.index] = key
         return fp
 
     def _sample_device(self, gpu: GpuIdentity, ts: float, slow: bool) -> GpuSample:

@@ -152,6 +152,20 @@ def table(name: str, *items: Any, **kw: Any) -> TableColumns:
     return TableColumns(Table(name, metadata, *items, **kw))
 
 
+def time_table(name: str, owner: str, target: str, *keys: Any, values: Any = None) -> TableColumns:
+    """A time table: ``(owner, ts, *keys)`` as its primary key (``owner`` a foreign key to
+    ``target``, ``ts`` epoch milliseconds), then ``values`` (default: the catalogue's columns of
+    ``name``); clustered on that key (``WITHOUT ROWID``) on SQLite."""
+    return table(
+        name,
+        Column(owner, ForeignKey(target), primary_key=True),
+        Column("ts", EpochMillis, primary_key=True),
+        *keys,
+        *(catalogue_columns(name) if values is None else values),
+        sqlite_with_rowid=False,
+    )
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -196,23 +210,11 @@ Gpu = table(
 #:
 #: ``up`` is false for a tick where the device could not be read; ``activity_source`` is 1 for
 #: GPM, 2 for the utilization proxy. Slow-set columns are NULL on ticks that did not read them.
-GpuSampleRow = table(
-    "gpu_samples",
-    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
-    *catalogue_columns("gpu_samples"),
-    sqlite_with_rowid=False,
-)
+GpuSampleRow = time_table("gpu_samples", "gpu_id", "gpus.id")
 
 
 #: One host, one tick (psutil): the catalogue's ``host_samples`` fields.
-HostSample = table(
-    "host_samples",
-    Column("host_id", ForeignKey("hosts.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
-    *catalogue_columns("host_samples"),
-    sqlite_with_rowid=False,
-)
+HostSample = time_table("host_samples", "host_id", "hosts.id")
 
 
 #: A process that held a GPU, identified by (host, pid, start time) since PIDs are reused.
@@ -237,13 +239,8 @@ Process = table(
 #: One process on one GPU at one tick: its GPU memory, and its host RSS and CPU time (a
 #: leak that keeps request objects alive grows both); the catalogue's ``gpu_process_samples``
 #: fields.
-GpuProcessSample = table(
-    "gpu_process_samples",
-    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
-    Column("process_id", ForeignKey("processes.id"), primary_key=True),
-    *catalogue_columns("gpu_process_samples"),
-    sqlite_with_rowid=False,
+GpuProcessSample = time_table(
+    "gpu_process_samples", "gpu_id", "gpus.id", Column("process_id", ForeignKey("processes.id"), primary_key=True)
 )
 
 
@@ -264,14 +261,11 @@ XidEvent = table(
 #: row per subject, field and tick, so that reports can say "reported impossible values N
 #: times" instead of "not reported". ``subject`` is ``gpu:<uuid>``, ``host`` or
 #: ``vllm:<url>``; ``reason`` names what was wrong (``rejected: blank sentinel …``).
-RejectedValue = table(
-    "rejected_values",
-    Column("host_id", ForeignKey("hosts.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
+RejectedValue = time_table(
+    "rejected_values", "host_id", "hosts.id",
     Column("subject", String(160), primary_key=True),
     Column("field", String(64), primary_key=True),
-    Column("reason", String(255), nullable=False),
-    sqlite_with_rowid=False,
+    values=[Column("reason", String(255), nullable=False)],
 )
 
 
@@ -377,17 +371,15 @@ def _rollup_columns() -> list[Column[Any]]:
 #: the agent's spool or buffer reached its bound): that is resolution lost, and ``vgpumon db
 #: stats`` reports it. Columns are generated from ``ROLLUP_SPEC``; the migration that created the
 #: table lists them explicitly.
-gpu_samples_1m = Table(
-    "gpu_samples_1m",
-    metadata,
-    Column("gpu_id", ForeignKey("gpus.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
-    Column("samples", Integer, nullable=False),
-    Column("up_samples", Integer, nullable=False),
-    Column("folded_samples", Integer, nullable=False),
-    *_rollup_columns(),
-    sqlite_with_rowid=False,
-)
+gpu_samples_1m = time_table(
+    "gpu_samples_1m", "gpu_id", "gpus.id",
+    values=[
+        Column("samples", Integer, nullable=False),
+        Column("up_samples", Integer, nullable=False),
+        Column("folded_samples", Integer, nullable=False),
+        *_rollup_columns(),
+    ],
+).__table__
 
 
 #: How far raw ``gpu_samples`` of one GPU have been rolled up: every raw row with

@@ -12,7 +12,7 @@ from sqlalchemy import Column, ForeignKey, Integer, SmallInteger, String, Unique
 
 from vgpumon.catalogue import core
 from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS, TELEMETRY_CODES
-from vgpumon.store.schema import EpochMillis, catalogue_columns, column_type, table
+from vgpumon.store.schema import EpochMillis, column_type, table, time_table
 
 RATIO = column_type(core.RATIO)
 SECONDS_US = column_type(core.SECONDS_US)  # prewarm: microseconds
@@ -61,24 +61,14 @@ VllmInstance = table(
 #: (lines of ``/metrics`` that could not be read; NULL when no body was read) and
 #: ``latency_unreliable`` (bit per histogram whose quantiles cannot be true,
 #: ``vgpumon.model.vllm.LATENCY_HISTOGRAMS``; 0 when none) with its ``latency_unreliable_reason``.
-VllmSampleRow = table(
-    "vllm_samples",
-    Column("instance_id", ForeignKey("vllm_instances.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
-    *catalogue_columns("vllm_samples"),
-    sqlite_with_rowid=False,
-)
+VllmSampleRow = time_table("vllm_samples", "instance_id", "vllm_instances.id")
 
 
 #: One data-parallel engine (and served model name) of one server, one poll.
-VllmEngineSampleRow = table(
-    "vllm_engine_samples",
-    Column("instance_id", ForeignKey("vllm_instances.id"), primary_key=True),
-    Column("ts", EpochMillis, primary_key=True),
+VllmEngineSampleRow = time_table(
+    "vllm_engine_samples", "instance_id", "vllm_instances.id",
     Column("model_name", String(255), primary_key=True),  # "" when unlabelled
     Column("engine", String(32), primary_key=True),  # "" when unlabelled (before 0.8)
-    *catalogue_columns("vllm_engine_samples"),
-    sqlite_with_rowid=False,
 )
 
 
