@@ -6,6 +6,7 @@ capture: 8 GPUs (``replicate_devices``), GPU 3's power read blocking 30 s at tic
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import time
 
 from conftest import H200_CAPTURE, replay_into
 
+from vgpumon.agent import Agent
+from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 
 
@@ -71,3 +75,59 @@ def test_sigterm_during_a_wedge_ends_the_agent_at_once(tmp_path):
     assert "Traceback" not in err
     ticks_taken = int(err.split("vgpumon agent: ")[1].split(" ticks")[0])
     assert ticks_taken >= 8
+
+
+def test_a_paced_run_gives_up_on_a_wedged_call_on_its_own_thread(tmp_path, store_of):
+    """The daemon's path: ticks paced at 0.5 s on the sampling thread, GPU 3's power read hanging
+    6 s at tick 3. The watchdog gives up on it after the deadline (0.25 s): the other 7 GPUs keep
+    every tick, GPU 3 is down while the call hangs and read again after it returns."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
+    header, ticks = scenarios.delay_call(header, list(ticks), 3, "nvmlDeviceGetPowerUsage", 6.0, at=[3])
+    t0 = time.monotonic()
+    agent = replay_into(url, scenarios.backend(header, ticks), hostname="h",
+                        agent_kw={"paced": True, "interval": 0.5, "duration": 24.0})
+    took = time.monotonic() - t0
+    store = store_of(url)
+    rows = {g.identity.index: store.series(g.id, 0, 2e9, ("up",)) for g in store.gpus_of("h")}
+    assert agent.stats.ticks == 24
+    for index, series in rows.items():
+        up = sum(1 for r in series if r["up"])
+        if index == 3:
+            assert 9 <= len(series) - up <= 13, len(series) - up  # ~6 s of 0.5-s ticks
+            assert series[-1]["up"]
+        else:
+            assert up == 24, (index, up)
+    kinds = [e.kind for e in store.events("h", 0, 2e9)]
+    assert kinds == ["gpu_wedged", "gpu_unwedged"]
+    assert took < 18  # 24 ticks at 0.5 s: the hang did not add its 6 s
+
+
+def test_a_stop_during_a_wedge_ends_a_paced_run_within_the_deadline(tmp_path, store_of):
+    """A stop while the sampling thread hangs in a call (30 s): the watchdog gives up on the call,
+    the tick is finished on a fresh thread and stored, and the run ends; nothing waits 30 s."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
+    header, ticks = scenarios.delay_call(header, list(ticks), 1, "nvmlDeviceGetPowerUsage", 30.0, at=[2])
+    source = NvmlSource(scenarios.backend(header, ticks))
+    store = open_store(url)
+    agent = Agent(source, store, hostname="h", paced=True, interval=0.5, call_deadline=1.0)
+
+    async def main() -> float:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.1, stop.set)  # tick 2 began at 1.0 s: its call hangs
+        await agent.run(stop)
+        return loop.time()
+
+    t0 = time.monotonic()
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    took = time.monotonic() - t0
+    assert took < 4.0, took  # the deadline (1 s) after the hang began, not the hang's 30 s
+    assert agent.stats.ticks == 3  # ticks 0 and 1, and tick 2 finished without GPU 1
+    rows = {g.identity.index: store_of(url).series(g.id, 0, 2e9, ("up",)) for g in store_of(url).gpus_of("h")}
+    assert [r["up"] for r in rows[0]] == [True, True, True]
+    assert [r["up"] for r in rows[1]] == [True, True, False]

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -43,7 +43,7 @@ from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
-from vgpumon.workers import DaemonExecutor, name_os_thread
+from vgpumon.workers import DaemonExecutor, Latch, name_os_thread
 
 if TYPE_CHECKING:
     from vgpumon.rules.runner import RuleRunner
@@ -122,7 +122,9 @@ class Agent:
             (``time.monotonic``).
         clock: injected wall clock for tick times (``time.time``); a step of it against
             ``monotonic`` (NTP, a VM resuming) is detected, logged and stored as an event.
-        on_tick: called with each ``Snapshot`` on the event loop (progress display, exporter).
+        on_tick: called with each ``Snapshot`` on the event loop (progress display, tests); a
+            paced run wakes the loop for it each tick, so the daemon sets none (the exporter is
+            one of ``observers``).
         host: the host source (psutil); ``None`` skips host samples (replays of another host's
             capture skip them by default: this host's CPU says nothing about that one).
         host_every: take a host sample (CPU, memory, GPU processes' RSS and CPU) every this many
@@ -190,6 +192,10 @@ class Agent:
         self.clock = clock
         self._last_clock: tuple[float, float] | None = None  # (wall, monotonic) of the last tick
         self.on_tick = on_tick
+        #: called with each snapshot on the thread that takes the tick (the sampling thread of a
+        #: paced run, the event loop in a replay): quick, and safe beside the event loop's reads
+        #: (the exporter keeps the snapshot for /metrics)
+        self.observers: list[Callable[[Snapshot], None]] = []
         self.host = host
         self.sysfs_root = sysfs_root
         self.host_every = max(1, host_every)
@@ -201,7 +207,9 @@ class Agent:
         self._vllm_repo: VllmRepository | None = None
         self.latest: Snapshot | None = None
         self.stats = AgentStats()
-        self._pending: list[TickRows] = []
+        # ticks' rows waiting for the next flush; appended by the sampling thread (paced runs) and
+        # the event loop, taken by the event loop only (deque: append and popleft are atomic)
+        self._pending: deque[TickRows] = deque()
         self._gpu_ids: dict[str, int] = {}
         self._host_id: int | None = None
         self._registered: tuple[Any, ...] = ()
@@ -217,7 +225,7 @@ class Agent:
         # wedged driver) must not keep the other GPUs from their ticks, nor the process from
         # exiting on SIGTERM (ThreadPoolExecutor joins its threads at exit).
         self._nvml_exec = DaemonExecutor("vgpumon-nvml")
-        self._stopping = threading.Event()  # set with the run's stop: ends a pause on the NVML thread
+        self._stopping = Latch()  # set with the run's stop: ends the sampling thread's pause
         self._host_sample: HostSample | None = None  # taken on the NVML thread after its tick
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store", initializer=name_os_thread)
@@ -225,6 +233,8 @@ class Agent:
         self.rules = rules if store is not None else None
         self.kubernetes = kubernetes
         self._last_host: HostSample | None = None
+        self._first: tuple[float, float] | None = None  # (capture time, monotonic) of the first tick read
+        self._gen = 0  # the sampling thread's generation: one given up on (wedged call) is no longer current
 
     @property
     def _replaying(self) -> bool:
@@ -246,14 +256,9 @@ class Agent:
     async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
-    def _sample_after(self, delay: float, host_due: bool = False) -> NvmlReading | None:
-        """On the NVML thread: sleep ``delay`` seconds (the pause to the tick's slot), then read the
-        tick (and, when ``host_due``, the host sample into ``_host_sample``); ``None`` when the
-        agent is stopped during the pause. The pause is slept and the host read here rather than
-        on the event loop and the host thread so that a paced tick wakes the loop once, not two or
-        three times: a measurable share of an idle agent's CPU (docs/benchmarks.md)."""
-        if delay > 0 and self._stopping.wait(delay):
-            return None
+    def _sample_after(self, host_due: bool = False) -> NvmlReading:
+        """On the NVML thread: read the tick (and, when ``host_due``, the host sample into
+        ``_host_sample``), so that a replayed tick wakes the event loop once, not twice."""
         reading = self.source.sample(self._tick_time())
         if host_due and self.host is not None:
             try:
@@ -262,18 +267,15 @@ class Agent:
                 log.exception("host sample failed")
         return reading
 
-    async def _sample(self, delay: float = 0.0, host_due: bool = False) -> NvmlReading | None:
-        """One tick from the NVML source, read after ``delay`` seconds (``None``: stopped
-        meanwhile), under a per-device deadline: a device whose read has not finished
-        ``call_deadline`` seconds after it began is wedged — the source marks it, the stuck thread
-        is left behind and the tick is finished on a fresh one, so the other GPUs keep their
-        schedule. Raises ``EndOfCapture`` at the end of a replay."""
+    async def _sample(self, host_due: bool = False) -> NvmlReading:
+        """One tick from the NVML source (replays), under a per-device deadline: a device whose
+        read has not finished ``call_deadline`` seconds after it began is wedged — the source
+        marks it, the stuck thread is left behind and the tick is finished on a fresh one, so the
+        other GPUs keep their schedule. Raises ``EndOfCapture`` at the end of a replay."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._nvml_exec, self._sample_after, delay, host_due)
-        timeout = max(delay, 0.0) + self.call_deadline  # the first wait covers the pause too
+        fut = loop.run_in_executor(self._nvml_exec, self._sample_after, host_due)
         while True:
-            done, _ = await asyncio.wait({fut}, timeout=timeout)
-            timeout = self.call_deadline
+            done, _ = await asyncio.wait({fut}, timeout=self.call_deadline)
             if done:
                 return fut.result()
             stuck = self.source.inflight()
@@ -426,14 +428,14 @@ class Agent:
             await asyncio.get_running_loop().run_in_executor(self._store_exec, self._persist, batch)
         except Exception:  # noqa: BLE001 - a bug on the store thread: keep the batch, say so
             log.exception("store thread failed; %d ticks kept for the next flush", len(batch))
-            self._pending[:0] = batch  # writes skip stored rows, so a second attempt is harmless
+            self._pending.extendleft(reversed(batch))  # writes skip stored rows: a second attempt is harmless
 
     def _flush(self) -> None:
         if self.store is None or (not self._pending and len(self.backlog) == 0):
             return
         if self._writer is not None and not self._writer.done():
             return  # the next flush takes these rows along
-        batch, self._pending = self._pending, []
+        batch = [self._pending.popleft() for _ in range(len(self._pending))]
         self._writer = asyncio.get_running_loop().create_task(self._write(batch))
 
     async def _drain(self) -> None:
@@ -443,22 +445,24 @@ class Agent:
         if self._writer is not None:
             await self._writer
 
-    async def _register(self) -> None:
+    def _register_blocking(self) -> None:
+        """Register the source's GPUs (and the PCIe topology above them) through the store thread;
+        blocks the calling thread, which must not be the store thread."""
         self._registered = self.source.gpus
         if self.store is None:
             return
-        loop = asyncio.get_running_loop()
-        self._gpu_ids = await loop.run_in_executor(self._store_exec, self.store.register_gpus, self.hostname, self.source.gpus)
-        self._host_id = await loop.run_in_executor(self._store_exec, self.store.host_id, self.hostname)
+        self._gpu_ids = self._store_exec.submit(self.store.register_gpus, self.hostname, self.source.gpus).result()
+        self._host_id = self._store_exec.submit(self.store.host_id, self.hostname).result()
         if self.retention is not None:
             self.retention.active_gpus = set(self._gpu_ids.values())
         if self.sysfs_root is not None and self._host_id is not None:
             from vgpumon.sources.pcie_topology import read_topology
 
-            self.topology = await loop.run_in_executor(self._host_exec, read_topology, self.source.gpus, self.sysfs_root)
-            await loop.run_in_executor(
-                self._store_exec, self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time()
-            )
+            self.topology = read_topology(self.source.gpus, self.sysfs_root)
+            self._store_exec.submit(self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time()).result()
+
+    async def _register(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._host_exec, self._register_blocking)
 
     def _rejected_rows(self, ts: float, subject: str, failed: Mapping[str, str]) -> list[dict[str, Any]]:
         """``rejected_values`` rows for the values refused at the door (reasons ``rejected: …``)."""
@@ -597,8 +601,206 @@ class Agent:
             self._last_host = snap.host
         return attach(snap, self.kubernetes.current(), host=self._last_host)
 
+    # -- the tick loop: replays on the event loop, paced runs on the sampling thread ----------
+
+    def _host_due(self) -> bool:
+        return self.host is not None and self.stats.ticks % self.host_every == 0
+
+    def _past_duration(self, ts: float) -> bool:
+        """True when a tick read at ``ts`` is at or past ``--duration`` (it is not taken). The
+        first tick read starts the clock: a live run's duration is monotonic time, a replay's is
+        the capture's time."""
+        if self._first is None:
+            self._first = (ts, self.monotonic())
+        first_ts, first_mono = self._first
+        elapsed = ts - first_ts if self._replaying else self.monotonic() - first_mono
+        if self.paced and not self.recorded_pace:
+            # ticks are read on their slots: the one due at the duration itself is not in the run
+            # (10 s at 2 s: the ticks at 0, 2, 4, 6 and 8 s), whichever way the few milliseconds
+            # of scheduling jitter fall
+            elapsed += min(self.interval / 2, 0.05)
+        return self.duration is not None and elapsed >= self.duration
+
+    def _take(self, reading: NvmlReading, host: HostSample | None) -> Snapshot:
+        """Take a tick in: its snapshot (``latest``, what ``/metrics`` serves), the vLLM source's
+        view of the GPUs, and its rows queued for the next flush. Runs on the event loop (replays)
+        or the sampling thread (paced runs)."""
+        statuses = tuple(s for s in (reading.status,) if s is not None)
+        if self.kubernetes is not None:
+            statuses = (*statuses, self.kubernetes.status())
+        snap = Snapshot(
+            ts=reading.ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
+            xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
+        )
+        if self.kubernetes is not None:
+            snap = self._attribute(snap)
+        self.latest = snap
+        for observe in self.observers:
+            observe(snap)
+        if self.vllm is not None:
+            self.vllm.observe(snap)
+        self.stats.ticks += 1
+        if self.store is not None:
+            self._pending.append(self._tick_rows(snap))
+        return snap
+
+    async def _run_on_loop(self, stop: asyncio.Event) -> None:
+        """Replays: each tick read on the NVML thread under ``_sample``'s deadline and taken in on
+        the event loop, as fast as the store takes them or at the capture's own pace."""
+        loop = asyncio.get_running_loop()
+        last_flush = self.monotonic()
+        while not stop.is_set():
+            try:
+                host_due = self._host_due()
+                self._host_sample = None
+                reading = await self._sample(host_due)
+            except EndOfCapture:
+                break
+            if self._past_duration(reading.ts):
+                break
+            if self.recorded_pace:
+                assert self._first is not None
+                wait = self._first[1] + (reading.ts - self._first[0]) - self.monotonic()
+                if wait > 0:  # a tick read is a tick stored: a stop only ends the wait
+                    await sleep_unless(stop, wait)
+            if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
+                self.stats.gpus = len(self.source.gpus)
+                await self._register()
+            host = self._host_sample if host_due else None
+            if host_due and host is None and self.host is not None:  # the tick was resumed after a wedge
+                pids = {pid for s in reading.samples for pid, _ in s.processes}
+                host = await loop.run_in_executor(self._host_exec, self.host.sample, reading.ts, pids)
+            snap = self._take(reading, host)
+            if self.store is not None and self.monotonic() - last_flush >= self.flush_every:
+                self._flush()
+                last_flush = self.monotonic()
+            if self.rules is not None:
+                self.rules.poke(snap.ts)  # never blocks: starts an evaluation cycle when one is due
+            if self.on_tick is not None:
+                self.on_tick(snap)
+            await asyncio.sleep(0)  # let writes and signals through during a fast replay
+
+    async def _run_paced(self) -> None:
+        """A paced run: the ticks are read and taken in on the sampling thread (``_paced_ticks``),
+        which sleeps to each slot itself and hands the event loop only what needs it — a flush
+        every ``flush_every`` seconds, a rules cycle when one is due, ``on_tick`` when set. An
+        idle agent's event loop so wakes a few times a minute instead of once per tick (each
+        wake-up costs more CPU than the Python work of a tick: docs/benchmarks.md).
+
+        The watchdog thread (``_watchdog``) wakes once per tick, ``call_deadline`` after the
+        tick's slot, and gives up on a call that has not returned by then: the device is marked
+        wedged and the tick is finished on a fresh sampling thread. Returns when the sampling
+        thread ends (stop, ``--duration``, end of a replay); re-raises what ended it otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._sampler_done: asyncio.Future[None] = loop.create_future()
+        self._sampler_over = Latch()
+        self._start = self.monotonic()
+        self._k, self._delay = 0, 0.0
+        self._last_flush = self._start
+        self._next_read_at = time.monotonic()
+        self._start_sampler(resume=False)
+        watchdog = threading.Thread(target=self._watchdog, name="vgpumon-watch", daemon=True)
+        watchdog.start()
+        try:
+            await self._sampler_done
+        finally:
+            self._stopping.set()
+            self._sampler_over.set()
+            watchdog.join(timeout=1.0)
+
+    def _start_sampler(self, resume: bool) -> None:
+        gen = self._gen
+        fut = self._nvml_exec.submit(self._paced_ticks, gen, resume)
+        fut.add_done_callback(lambda f: self._sampler_ended(gen, f))
+
+    def _sampler_ended(self, gen: int, fut: "Future[None]") -> None:
+        """The sampling thread's call returned or raised: settle ``_sampler_done`` on the loop
+        (an abandoned thread's late return is ignored)."""
+        if gen != self._gen:
+            return
+        self._sampler_over.set()
+        exc = fut.exception()
+
+        def settle() -> None:
+            if not self._sampler_done.done():
+                if exc is None:
+                    self._sampler_done.set_result(None)
+                else:
+                    self._sampler_done.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(settle)
+
+    def _paced_ticks(self, gen: int, resume: bool) -> None:
+        """On the sampling thread: sleep to each slot, read the tick (``resume``: first finish the
+        one a wedged call interrupted), take the host sample when due, take the tick in; until
+        stopped, ``--duration`` or the end of a replay. Returns at once when the watchdog gave up
+        on this thread (``gen`` is no longer current) while a call hung."""
+        loop = self._loop
+        while True:
+            host_due = self._host_due()
+            if resume:
+                resume = False
+                reading = self.source.resume()
+            else:
+                if self._stopping.is_set():
+                    return
+                self._next_read_at = time.monotonic() + self._delay
+                if self._delay > 0 and self._stopping.wait(self._delay):
+                    return
+                try:
+                    reading = self.source.sample(self._tick_time())
+                except EndOfCapture:
+                    return
+            if gen != self._gen:  # given up on while a call hung: the fresh thread carries on
+                return
+            if self._past_duration(reading.ts):
+                return
+            host = None
+            if host_due and self.host is not None:
+                try:
+                    host = self.host.sample(reading.ts, {pid for s in reading.samples for pid, _ in s.processes})
+                except Exception:  # noqa: BLE001 - the host's figures must never cost a tick
+                    log.exception("host sample failed")
+            if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
+                self.stats.gpus = len(self.source.gpus)
+                self._register_blocking()
+            snap = self._take(reading, host)
+            if self.store is not None and self.monotonic() - self._last_flush >= self.flush_every:
+                self._last_flush = self.monotonic()
+                loop.call_soon_threadsafe(self._flush)
+            if self.rules is not None and self.rules.due(snap.ts):
+                loop.call_soon_threadsafe(self.rules.poke, snap.ts)
+            if self.on_tick is not None:
+                loop.call_soon_threadsafe(self.on_tick, snap)
+            self._k, self._delay = next_slot(self._start, self._k, self.interval, self.monotonic())
+
+    def _watchdog(self) -> None:
+        """On the watchdog thread: wake ``call_deadline`` after each tick's slot (or after the
+        call in flight began); a call older than that is given up on — the source marks its
+        device wedged, the stuck thread is left behind and a fresh one finishes the tick and
+        carries on. Ends with the sampling thread."""
+        name_os_thread()
+        while not self._sampler_over.is_set():
+            now = time.monotonic()
+            stuck = self.source.inflight()
+            if stuck is not None and now - stuck[2] >= self.call_deadline:
+                self.source.abandon(*stuck)
+                self._gen += 1
+                self._nvml_exec.abandon()
+                self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+                self._start_sampler(resume=True)
+                continue
+            since = stuck[2] if stuck is not None else max(self._next_read_at, now)
+            self._sampler_over.wait(max(since + self.call_deadline - now, 0.01))
+
     async def run(self, stop: asyncio.Event | None = None) -> AgentStats:
         """Sample until ``stop`` is set, ``duration`` has passed or a replay ends.
+
+        A paced run (the daemon) samples on its own thread (``_paced``): the event loop is not
+        woken per tick, only to flush, start a rules cycle, serve HTTP and poll vLLM. A replay
+        (as fast as possible, or at its recorded pace) ticks on the event loop.
 
         Raises:
             NvmlUnavailableError: NVML cannot start on this host.
@@ -625,72 +827,12 @@ class Agent:
             if self.rules is not None:  # rules (issue 11): evaluated off the sampling path
                 assert self.store is not None
                 await self.rules.start(self.store, self.hostname, self._store_exec)
-            start = self.monotonic()
-            first_ts: float | None = None
-            first_mono = start  # when the first tick was read: --duration and recorded pace
-            last_flush = start
-            k = 0
-            delay = 0.0  # to the next tick's slot, slept on the NVML thread (paced runs)
-            paced_live = self.paced and not self.recorded_pace
-            while not stop.is_set():
-                try:
-                    host_due = self.host is not None and self.stats.ticks % self.host_every == 0
-                    self._host_sample = None
-                    reading = await self._sample(delay, host_due)
-                except EndOfCapture:
-                    break
-                if reading is None:  # stopped during the pause
-                    break
-                ts = reading.ts
-                if first_ts is None:
-                    first_ts, first_mono = ts, self.monotonic()
-                # a live run's --duration is monotonic time; a replay's is the capture's time
-                elapsed = ts - first_ts if self._replaying else self.monotonic() - first_mono
-                if paced_live:
-                    # ticks are read on their slots: the one due at the duration itself is not in
-                    # the run (10 s at 2 s: the ticks at 0, 2, 4, 6 and 8 s), whichever way the
-                    # few milliseconds of scheduling jitter fall
-                    elapsed += min(self.interval / 2, 0.05)
-                if self.duration is not None and elapsed >= self.duration:
-                    break
-                delay = 0.0
-                if self.recorded_pace:
-                    wait = first_mono + (ts - first_ts) - self.monotonic()
-                    if wait > 0:  # a tick read is a tick stored: a stop only ends the wait
-                        await sleep_unless(stop, wait)
-                if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
-                    self.stats.gpus = len(self.source.gpus)
-                    await self._register()
-                host = self._host_sample if host_due else None
-                if host_due and host is None and self.host is not None:  # the tick was resumed after a wedge
-                    pids = {pid for s in reading.samples for pid, _ in s.processes}
-                    host = await asyncio.get_running_loop().run_in_executor(self._host_exec, self.host.sample, ts, pids)
-                statuses = tuple(s for s in (reading.status,) if s is not None)
-                if self.kubernetes is not None:
-                    statuses = (*statuses, self.kubernetes.status())
-                snap = Snapshot(
-                    ts=ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
-                    xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
-                )
-                if self.kubernetes is not None:
-                    snap = self._attribute(snap)
-                self.latest = snap
-                if self.vllm is not None:
-                    self.vllm.observe(snap)
-                self.stats.ticks += 1
-                if self.store is not None:
-                    self._pending.append(self._tick_rows(snap))
-                    if self.monotonic() - last_flush >= self.flush_every:
-                        self._flush()
-                        last_flush = self.monotonic()
-                if self.rules is not None:
-                    self.rules.poke(ts)  # never blocks: starts an evaluation cycle when one is due
-                if self.on_tick is not None:
-                    self.on_tick(snap)
-                if paced_live:
-                    k, delay = next_slot(start, k, self.interval, self.monotonic())
-                else:
-                    await asyncio.sleep(0)  # let writes and signals through during a fast replay
+            self._first = None
+            if self.paced and not self.recorded_pace:
+                await self._run_paced()
+            else:
+                await self._run_on_loop(stop)
+
         finally:
             self._stopping.set()
             stop_watch.cancel()

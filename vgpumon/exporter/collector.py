@@ -1,7 +1,8 @@
 """``/metrics`` content: every catalogue field of the newest snapshot, under its Prometheus name.
 
 Nothing here calls NVML, the kubelet or a vLLM server: ``observe`` keeps each tick's snapshot (the
-agent calls it on the event loop, as ``on_tick``), and a scrape renders what is kept (STYLE §6).
+agent calls it as it takes each tick, on its sampling thread), and a scrape renders what is kept
+(STYLE §6).
 
 What a scrape serves, and why (docs/exporter.md has the full label policy):
 
@@ -219,45 +220,47 @@ class MetricsExporter(Collector):
         selection: frozenset[str] | None = None,
         rules: RulesFeed | None = None,
     ) -> "MetricsExporter":
-        """An exporter over ``agent``: it observes every tick (chained before the agent's own
-        ``on_tick``) and reads the agent's sources, stats, backlog and topology at scrape time."""
+        """An exporter over ``agent``: it observes every tick (one of the agent's ``observers``,
+        called on the thread that takes the tick) and reads the agent's sources, stats, backlog
+        and topology at scrape time."""
         exporter = cls(
             hostname=agent.hostname, interval=agent.interval, config=config, selection=selection, vllm=agent.vllm,
             host_source=agent.host, rules=rules, stats=agent.stats, backlog=agent.backlog,
             topology=lambda: agent.topology, monotonic=agent.monotonic,
         )
-        previous = agent.on_tick
-
-        def on_tick(snap: Snapshot) -> None:
-            exporter.observe(snap)
-            if previous is not None:
-                previous(snap)
-
-        agent.on_tick = on_tick
+        agent.observers.append(exporter.observe)
         return exporter
 
     # -- each tick -------------------------------------------------------------------------------
 
     def observe(self, snap: Snapshot) -> None:
-        """Keep a tick's snapshot (called on the event loop, once per tick)."""
-        self._snap = snap
+        """Keep a tick's snapshot (once per tick, on the agent's sampling thread while a scrape
+        may be rendering on the event loop: what a scrape reads is replaced whole, never changed
+        in place)."""
         self._received = self.monotonic()
         if snap.host is not None:
             self._host = snap.host
-        slow = self._slow
+        slow: dict[str, dict[str, Any]] | None = None
         for s in snap.samples:
             if not s.up:
-                slow.pop(s.uuid, None)
+                if s.uuid in self._slow:
+                    slow = slow if slow is not None else dict(self._slow)
+                    slow.pop(s.uuid, None)
             elif any(getattr(s, n) is not None or n in s.missing for n in _SLOW_NAMES):
-                # field by field: a slow tick need not read every slow field (the energy counter
-                # is read on every sixth); one it did not read keeps its newest read
-                kept = slow.setdefault(s.uuid, {})
+                # field by field: a slow tick need not read every slow field (the minute set is
+                # read once a minute); one it did not read keeps its newest read
+                slow = slow if slow is not None else dict(self._slow)
+                kept = dict(slow.get(s.uuid, {}))
                 for n in _SLOW_NAMES:
                     value = getattr(s, n)
                     if value is not None:
                         kept[n] = value
                     elif n in s.missing:
                         kept.pop(n, None)
+                slow[s.uuid] = kept
+        if slow is not None:
+            self._slow = slow
+        self._snap = snap
 
     # -- each scrape -----------------------------------------------------------------------------
 

@@ -104,6 +104,15 @@ class RuleRunner:
         self._last_poke = data_ts
         self._task = asyncio.get_running_loop().create_task(self._cycle())
 
+    def due(self, data_ts: float) -> bool:
+        """Whether ``poke(data_ts)`` would start a cycle now. Only reads, so the agent's sampling
+        thread asks it each tick and wakes the event loop for ``poke`` only when it says yes."""
+        task = self._task
+        return (
+            self._store is not None and (task is None or task.done())
+            and (self._last_poke is None or data_ts - self._last_poke >= self.interval)
+        )
+
     async def finish(self) -> None:
         """At the agent's stop (every row written): a last cycle up to the newest tick, then the
         sinks get a few seconds to deliver."""

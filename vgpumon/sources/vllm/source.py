@@ -88,7 +88,8 @@ class GpuActivityLog:
         """Mean activity ratio of these GPUs over ``start <= ts <= end`` and its source
         (``"gpm"``, ``"utilization"`` or ``"mixed"``); ``None`` without samples."""
         wanted = set(uuids)
-        vals = [(r, src) for ts, u, r, src in self._rows if u in wanted and start <= ts <= end]
+        # a copy (one C call, under the GIL): the agent's sampling thread appends meanwhile
+        vals = [(r, src) for ts, u, r, src in list(self._rows) if u in wanted and start <= ts <= end]
         if not vals:
             return None
         srcs = {s for _, s in vals}
@@ -194,7 +195,9 @@ class VllmSource:
 
     def observe(self, snap: Snapshot) -> None:
         """Take the NVML view of a tick: compute processes per GPU (host pids, for the
-        server → GPU mapping) and GPU activity (for prewarm). Called on the event loop."""
+        server → GPU mapping) and GPU activity (for prewarm). Called with each tick, on the
+        agent's sampling thread (paced runs) or the event loop (replays): both are assigned or
+        appended whole, and read from copies."""
         self._gpu_pids = {s.uuid: {pid for pid, _ in s.processes} for s in snap.samples}
         self.activity.observe(snap)
 
