@@ -177,7 +177,8 @@ def test_a_server_execed_by_its_wrapper_under_the_same_pid_is_found_at_the_next_
 
 
 def test_discovery_polls_less_often_while_no_server_exists():
-    """No server: a poll every ``idle_interval``; once one is tracked, every ``interval``."""
+    """No server: a scan every ``idle_interval`` and nothing yielded (the agent's event loop is
+    not woken for a scan that finds nothing); once one is tracked, a poll every ``interval``."""
     import asyncio
 
     from vgpumon.sources.vllm import NoProcesses, VllmSource
@@ -190,24 +191,62 @@ def test_discovery_polls_less_often_while_no_server_exists():
             self.scans.append(time.monotonic())
             return []
 
-    async def main(src: VllmSource, polls: int) -> None:
+    async def main(src: VllmSource, polls: int, limit: float) -> int:
         stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(limit, stop.set)
         n = 0
         async for _ in src.run(stop):
             n += 1
             if n == polls:
                 stop.set()
         await src.close()
+        return n
 
     idle = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25)
-    asyncio.run(main(idle, 4))
+    assert asyncio.run(main(idle, 4, 1.1)) == 0
     gaps = [b - a for a, b in zip(idle.processes.scans, idle.processes.scans[1:])]
-    assert len(gaps) == 3 and min(gaps) >= 0.2
+    assert len(gaps) == 4 and min(gaps) >= 0.2, gaps
 
     busy = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25, static_urls=["http://127.0.0.1:9"])
-    asyncio.run(main(busy, 4))
+    assert asyncio.run(main(busy, 4, 5.0)) == 4
     gaps = [b - a for a, b in zip(busy.processes.scans, busy.processes.scans[1:])]
     assert len(gaps) == 3 and max(gaps) < 0.2
+
+
+def test_idle_discovery_finds_a_new_server_at_the_next_scan_and_polls_it_at_once():
+    """A server that appears while none is tracked is found by the next idle scan and polled
+    right away; a stop ends the idle wait without a poll."""
+    import asyncio
+
+    from vgpumon.sources.vllm import NoProcesses, VllmSource
+    from vgpumon.sources.vllm.discovery import VllmProcess
+
+    class Table(NoProcesses):
+        def __init__(self, appear_at: float) -> None:
+            self.appear_at, self.scans = appear_at, []
+
+        def scan(self):
+            self.scans.append(time.monotonic())
+            if time.monotonic() < self.appear_at:
+                return []
+            return [VllmProcess(pid=4242, create_time=1.0, host="127.0.0.1", port=9, pids=(4242,), cmdline=("vllm", "serve"))]
+
+    async def main(src: VllmSource) -> list:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(3.0, stop.set)
+        started = time.monotonic()
+        async for batch in src.run(stop):
+            stop.set()
+            await src.close()
+            return [time.monotonic() - started, batch]
+        await src.close()
+        return []
+
+    t0 = time.monotonic()
+    src = VllmSource(processes=Table(t0 + 0.6), interval=0.05, idle_interval=0.25, request_timeout=0.2)
+    took, batch = asyncio.run(main(src))
+    assert 0.6 <= took < 1.2, took  # the scan after it appeared (every 0.25 s), then the poll
+    assert [s.instance.port for s in batch] == [9] and batch[0].instance.pid == 4242
 
 
 # vllm issue 8115 (vLLM 0.5.x with broken timing): 8060 TTFTs, every one in the first bucket

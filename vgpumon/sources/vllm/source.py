@@ -49,7 +49,7 @@ from vgpumon.sources.vllm.state import (
     Lifecycle,
     Observation,
 )
-from vgpumon.workers import name_os_thread
+from vgpumon.workers import Latch, name_os_thread
 
 log = logging.getLogger(__name__)
 #: ``vllm_samples`` fields whose values come from outside (a server's answers, psutil) and are
@@ -292,17 +292,51 @@ class VllmSource:
         return [smp]
 
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
-        """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set; while
-        no server is tracked, every ``idle_interval`` seconds (only discovery runs then, and a
-        new server is still found within that time plus one scan)."""
+        """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set.
+
+        While no server is tracked (none discovered, none configured) only discovery runs: the
+        process table is scanned every ``idle_interval`` seconds on the source's own thread, and
+        nothing is yielded until a scan finds a server (then it is polled at once) or ``stop`` is
+        set. An idle agent's event loop thus sleeps through discovery instead of waking twice
+        per scan (docs/benchmarks.md, "Agent footprint"); a new server is still found within
+        ``idle_interval`` plus one scan."""
         due = time.monotonic()
         while not stop.is_set():
+            if not self._servers and not self.static_urls:
+                if not await self._await_server(stop, due - time.monotonic()):
+                    return
             yield await self.poll()
             due += self.interval if self._servers else max(self.interval, self.idle_interval)
             now = time.monotonic()
             if due < now:  # the poll overran: the next one now, no burst to catch up
                 due = now
             await sleep_unless(stop, due - now)
+
+    async def _await_server(self, stop: asyncio.Event, delay: float) -> bool:
+        """Idle discovery (see ``run``): True when a scan found a server, False when stopped."""
+        latch = Latch()
+        watch = asyncio.get_running_loop().create_task(stop.wait())
+        watch.add_done_callback(lambda _: latch.set())
+        try:
+            return bool(await self._offload(self._scan_until_found, latch, delay))
+        finally:
+            watch.cancel()
+            latch.set()  # a cancelled wait must not leave the thread scanning
+
+    def _scan_until_found(self, latch: Latch, delay: float) -> bool:
+        """On the source's thread: scan every ``idle_interval`` seconds, the first after
+        ``delay``, until a scan finds a server (True) or ``latch`` is set (False). A failing scan
+        is logged, as in ``poll``, and tried again at the next."""
+        if delay > 0 and latch.wait(delay):
+            return False
+        while True:
+            try:
+                if self.processes.scan():
+                    return True
+            except Exception as exc:  # noqa: BLE001 - a broken process table must not stop discovery
+                log.warning("vLLM discovery failed: %s", exc)
+            if latch.wait(self.idle_interval):
+                return False
 
     async def close(self) -> None:
         """Close the HTTP session (when the source made it) and the worker thread."""
