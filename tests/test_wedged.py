@@ -16,7 +16,7 @@ from conftest import H200_CAPTURE, replay_into
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 
@@ -131,3 +131,37 @@ def test_a_stop_during_a_wedge_ends_a_paced_run_within_the_deadline(tmp_path, st
     rows = {g.identity.index: store_of(url).series(g.id, 0, 2e9, ("up",)) for g in store_of(url).gpus_of("h")}
     assert [r["up"] for r in rows[0]] == [True, True, True]
     assert [r["up"] for r in rows[1]] == [True, True, False]
+
+
+def test_a_call_that_returns_as_it_is_given_up_on_costs_no_more_than_its_tick(tmp_path, store_of):
+    """The race: the watchdog finds a call past its deadline and gives up on it just as it
+    returns, so there is no tick left to finish. The fresh sampling thread reads on; the run is
+    not ended by it."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    source = NvmlSource(ReplayBackend(H200_CAPTURE))
+    store = open_store(url)
+    agent = Agent(source, store, hostname="h", paced=True, interval=0.2, duration=12.0)
+    real_inflight = source.inflight
+    state = {"raced": 0}
+
+    def inflight():
+        if state["raced"] == 0 and agent.stats.ticks >= 3:
+            state["raced"] = 1
+            return (0, "nvmlDeviceGetPowerUsage", time.monotonic() - 60.0)  # "hung" for a minute
+        return real_inflight()
+
+    def resume():
+        state["raced"] += 1
+        raise RuntimeError("no tick to resume")
+
+    source.inflight, source.resume = inflight, resume  # type: ignore[method-assign]
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    assert state["raced"] == 2  # given up on once, and the fresh thread met no tick to finish
+    # capture seconds 0..11: every tick of the duration, but the one given up on if the watchdog
+    # came while it was being read (about one time in 200 here)
+    assert agent.stats.ticks in (11, 12)
+    gpus = store_of(url).gpus_of("h")
+    assert len(store_of(url).series(gpus[0].id, 0, 2e9, ("up",))) == agent.stats.ticks

@@ -740,14 +740,21 @@ class Agent:
         loop = self._loop
         while True:
             host_due = self._host_due()
+            reading = None
             if resume:
                 resume = False
-                reading = self.source.resume()
-            else:
+                try:
+                    reading = self.source.resume()
+                except RuntimeError:  # the call returned just as it was given up on: read on
+                    log.warning("the tick given up on had finished meanwhile; sampling goes on")
+                    self._k, self._delay = next_slot(self._start, self._k, self.interval, self.monotonic())
+            if reading is None:
                 if self._stopping.is_set():
                     return
                 self._next_read_at = time.monotonic() + self._delay
                 if self._delay > 0 and self._stopping.wait(self._delay):
+                    return
+                if gen != self._gen:  # given up on while it slept: the fresh thread reads on
                     return
                 try:
                     reading = self.source.sample(self._tick_time())
