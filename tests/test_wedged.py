@@ -165,3 +165,21 @@ def test_a_call_that_returns_as_it_is_given_up_on_costs_no_more_than_its_tick(tm
     assert agent.stats.ticks in (11, 12)
     gpus = store_of(url).gpus_of("h")
     assert len(store_of(url).series(gpus[0].id, 0, 2e9, ("up",))) == agent.stats.ticks
+
+
+def test_a_call_slow_but_within_its_deadline_skips_slots_and_says_so(tmp_path, store_of, caplog):
+    """A deadline longer than the interval (``--call-deadline 2s`` at 0.5 s) lets a 1.6-s call run
+    to its end: every GPU's tick waits for it and the slots it ran past have no tick. That is
+    counted, logged, and warned about at start."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
+    header, ticks = scenarios.delay_call(header, list(ticks), 1, "nvmlDeviceGetPowerUsage", 1.6, at=[2])
+    with caplog.at_level("WARNING", logger="vgpumon.agent"):
+        agent = replay_into(url, scenarios.backend(header, ticks), hostname="h",
+                            agent_kw={"paced": True, "interval": 0.5, "call_deadline": 2.0, "duration": 8.0})
+    assert agent.stats.ticks == 8  # the capture's seconds 0..7, every one stored
+    assert 2 <= agent.stats.ticks_skipped <= 4, agent.stats.ticks_skipped  # 1.6 s over 0.5-s slots
+    text = caplog.text
+    assert "is not shorter than the interval" in text
+    assert "slot(s) without a tick" in text
+    assert [e.kind for e in store_of(url).events("h", 0, 2e9)] == []  # slow, not wedged

@@ -76,6 +76,8 @@ class AgentStats:
         vllm_restarts: times the vLLM source failed and was restarted.
         dead_letters: rows the store refused for what they hold, set aside in the dead-letter
             file beside the spool (``Backlog.dead_letter_path``) instead of being stored.
+        ticks_skipped: slots of a paced run with no tick, because the tick before ran past them
+            (a call slow but within ``call_deadline``, a starved host); logged.
     """
 
     ticks: int = 0
@@ -90,6 +92,7 @@ class AgentStats:
     vllm_rows_folded: int = 0
     vllm_restarts: int = 0
     dead_letters: int = 0
+    ticks_skipped: int = 0
 
 
 class _Interrupted(Exception):
@@ -700,6 +703,12 @@ class Agent:
         self._k, self._delay = 0, 0.0
         self._last_flush = self._start
         self._next_read_at = time.monotonic()
+        self._overrun_logged: float | None = None
+        if self.call_deadline >= self.interval:
+            log.warning(
+                "the call deadline (%.3g s) is not shorter than the interval (%.3g s): a GPU whose call is slow but "
+                "within it delays every GPU's tick, and slots are skipped", self.call_deadline, self.interval,
+            )
         self._start_sampler(resume=False)
         watchdog = threading.Thread(target=self._watchdog, name="vgpumon-watch", daemon=True)
         watchdog.start()
@@ -781,7 +790,22 @@ class Agent:
                 loop.call_soon_threadsafe(self.rules.poke, snap.ts)
             if self.on_tick is not None:
                 loop.call_soon_threadsafe(self.on_tick, snap)
-            self._k, self._delay = next_slot(self._start, self._k, self.interval, self.monotonic())
+            k = self._k
+            self._k, self._delay = next_slot(self._start, k, self.interval, self.monotonic())
+            if self._k > k + 1:
+                self._overran(self._k - k - 1)
+
+    def _overran(self, skipped: int) -> None:
+        """A tick ran past the next slot(s): count the slots left without a tick; say so at most
+        once a minute."""
+        self.stats.ticks_skipped += skipped
+        now = self.monotonic()
+        if self._overrun_logged is None or now - self._overrun_logged >= 60.0:
+            self._overrun_logged = now
+            log.warning(
+                "a tick ran past the %.3g s interval: %d slot(s) without a tick (%d in this run); a slow GPU call "
+                "(see --call-deadline) or a starved host", self.interval, skipped, self.stats.ticks_skipped,
+            )
 
     def _watchdog(self) -> None:
         """On the watchdog thread: wake ``call_deadline`` after each tick's slot (or after the

@@ -207,6 +207,8 @@ def run(plan: dict[str, Any]) -> int:
     say(f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st['url']}")
     if stats.rows_duplicate:
         say(f"vgpumon agent: {stats.rows_duplicate} rows were stored already and skipped (a capture or spool replayed again)")
+    if stats.ticks_skipped:
+        say(f"vgpumon agent: {stats.ticks_skipped} slots had no tick because the tick before ran past them")
     if stats.rows_folded:
         say(f"vgpumon agent: {stats.rows_folded} ticks were kept only as 1-minute rollups (store away, spool/buffer full)")
     if stats.dead_letters:

@@ -59,7 +59,7 @@ DERIVED: tuple[Field, ...] = (
     _share("rx"),
     _derived(
         "sample_age_seconds", "derived", "seconds",
-        "Seconds since the agent received this GPU's newest reading, on the agent's monotonic clock.",
+        "Seconds since the agent received the newest tick (with this GPU's reading, or vgpumon_gpu_up 0 when it could not be read), on the agent's monotonic clock.",
         "the agent's clock at scrape − at the tick", SECONDS_US, lo=0, hi=COUNT_MAX / 1e6,
         prometheus="vgpumon_gpu_sample_age_seconds", label="sample age",
         note="older than 3 tick intervals: the GPU's readings are not served and vgpumon_gpu_up is 0",
