@@ -107,6 +107,7 @@ CASES = [
     Case("agent-interval-huge", [*AGENT, "--interval", "2d"], 64, r"--interval: must be at most 1d"),
     Case("agent-vllm-interval-zero", [*AGENT, "--vllm-interval", "0"], 64, r"--vllm-interval: must be more than 0"),
     Case("agent-retention-negative", [*AGENT, "--raw-retention", "-1h"], 64, r"--raw-retention: '-1h' is not a duration"),
+    Case("agent-recorded-pace-live", ["agent", "--pace", "recorded", "--db", "{d}/new.db"], 64, r"--pace recorded paces a replay: give --replay"),
     # other values
     Case("agent-vllm-url-words", [*AGENT, "--vllm-url", "not a url"], 64, r"--vllm-url: 'not a url' is not an http\(s\) URL"),
     Case("agent-vllm-url-port", [*AGENT, "--vllm-url", "http://gpu-host:port"], 64, r"--vllm-url: 'http://gpu-host:port' is not a URL"),

@@ -282,6 +282,8 @@ def agent(
       vgpumon agent                                     # sample into the default SQLite store\n
       vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
     """
+    if pace is Pace.recorded and replay is None:
+        raise UsageError("--pace recorded paces a replay: give --replay CAPTURE (a live agent ticks every --interval)")
     settings = _settings(
         ctx,
         {

@@ -1434,6 +1434,7 @@ class NvmlSource:
         """Release NVML (never raises). Not while a call is stuck: shutting the library down
         under a thread that is inside it can hang as well, and the process is exiting anyway."""
         if self._wedged:
-            log.warning("NVML not shut down: %s still has not returned", ", ".join(f"{fn} on GPU {i}" for i, (fn, _) in self._wedged.items()))
+            log.warning("NVML not shut down: %s %s not returned", ", ".join(f"{fn} on GPU {i}" for i, (fn, _) in self._wedged.items()),
+                        "has" if len(self._wedged) == 1 else "have")
             return
         self.backend.shutdown()

@@ -490,7 +490,10 @@ class VllmSource:
             srv.gpus_seen.update(gpus)
         if not was_ready and lc.ready_ts is not None:
             srv.prewarm_activity = self.activity.mean(srv.gpus_seen or gpus, lc.start_ts, lc.ready_ts)
-            log.info("vLLM server %s ready; prewarm %s s", srv.identity.url, lc.prewarm_seconds)
+            if lc.prewarm_seconds is None:
+                log.info("vLLM server %s ready (its prewarm time is not known)", srv.identity.url)
+            else:
+                log.info("vLLM server %s ready; prewarm %.1f s", srv.identity.url, lc.prewarm_seconds)
         usage = replies.get("usage")
         rss = cpu_rate = None
         if usage is not None:
