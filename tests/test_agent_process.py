@@ -147,6 +147,25 @@ def test_a_stop_signal_right_at_the_exec_stops_cleanly(tmp_path, sig):
     assert "Traceback" not in err
 
 
+def test_a_sigint_the_parent_ignored_still_stops_the_agent_while_it_starts(tmp_path):
+    """``vgpumon agent &`` from a script starts it with SIGINT ignored. A ``kill -INT`` during
+    start-up stops it (exit 0), as one after start-up does, instead of being lost."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        stderr=subprocess.PIPE, text=True, env=_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        time.sleep(0.3)  # importing the CLI, before the exec
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
 def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_path):
     """``python -X dev -c '…main()' agent …``: the exec keeps ``-X dev`` and drops ``-c``."""
     out = subprocess.run(

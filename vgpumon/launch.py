@@ -43,9 +43,14 @@ def stops_cleanly(argv: list[str]) -> bool:
 
 def install_signal_handlers(argv: list[str]) -> None:
     """SIGTERM raises ``KeyboardInterrupt`` for the commands that stop cleanly, like Ctrl-C, until
-    the agent's event loop takes both signals over; other commands keep SIGTERM's default."""
+    the agent's event loop takes both signals over; other commands keep SIGTERM's default.
+
+    A SIGINT ignored by the parent (``vgpumon agent &`` in a script) is taken over too: the event
+    loop's handler stops the agent on SIGINT later in any case, as a Go exporter's
+    ``signal.Notify`` would, so it does from the first moment rather than only after start-up."""
     if stops_cleanly(argv):
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main() -> None:
