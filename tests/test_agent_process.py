@@ -14,6 +14,7 @@ import time
 
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from conftest import H200_CAPTURE
@@ -31,6 +32,29 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
     env.update(extra)
     return env
+
+
+def _recorded_agent(tmp_path, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """``vgpumon agent`` replaying the H200 capture at its recorded pace (about a minute), no HTTP."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+        stderr=subprocess.PIPE, text=True, env=env if env is not None else _env(), **popen,
+    )
+
+
+def _stops_cleanly(proc: subprocess.Popen, sig: int, before: Callable[[], None]) -> str:
+    """Run ``before``, send ``sig``: the agent exits 0 without a traceback; returns its stderr."""
+    try:
+        before()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    return err
 
 
 def _wait_for(pred, timeout: float = 30.0) -> None:
@@ -54,11 +78,7 @@ def _stored_ticks(db: Path) -> int:
 
 def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_path):
     token = "s3cret-api-token-not-for-ps"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
-         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
-        stderr=subprocess.PIPE, text=True, env=_env(VGPUMON_API_TOKEN=token),
-    )
+    proc = _recorded_agent(tmp_path, env=_env(VGPUMON_API_TOKEN=token))
     try:
         cmdline = lambda: open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: E731
         _wait_for(lambda: b"--plan-fd" in cmdline())  # the same PID, now the lean agent
@@ -131,39 +151,15 @@ def test_started_by_hand_it_says_what_to_run():
 def test_a_stop_signal_right_at_the_exec_stops_cleanly(tmp_path, sig):
     """The moment the new image starts, before its handlers exist: the signal was held across
     the exec and is delivered as a stop (exit 0), never as a kill (-2, 143) or a traceback."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
-         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
-        stderr=subprocess.PIPE, text=True, env=_env(),
-    )
-    try:
-        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
+    proc = _recorded_agent(tmp_path)
+    _stops_cleanly(proc, sig, lambda: _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60))
 
 
 def test_a_sigint_the_parent_ignored_still_stops_the_agent_while_it_starts(tmp_path):
     """``vgpumon agent &`` from a script starts it with SIGINT ignored. A ``kill -INT`` during
     start-up stops it (exit 0), as one after start-up does, instead of being lost."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
-         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
-        stderr=subprocess.PIPE, text=True, env=_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
-        time.sleep(0.3)  # importing the CLI, before the exec
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
+    proc = _recorded_agent(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    _stops_cleanly(proc, signal.SIGINT, lambda: time.sleep(0.3))  # importing the CLI, before the exec
 
 
 def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_path):
