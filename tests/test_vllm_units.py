@@ -314,3 +314,28 @@ def test_real_latency_histograms_are_flagged_only_where_interpolation_invents():
     assert out["latency_unreliable"]["queue"] == (
         "p50 0.15 s above what the mean 0.00931 s allows (0.0186 s); all 480 in the lowest bucket (≤ 0.3 s)"
     )
+
+
+def test_the_gpu_activity_log_keeps_its_window_and_averages_over_it():
+    """The prewarm figure's source: per GPU, the activity of the last ``max_age`` seconds (GPM's
+    SM activity, else utilization, labelled); older readings are dropped, so a long-running
+    agent's log stays the same size."""
+    from types import SimpleNamespace as NS
+
+    from vgpumon.sources.vllm import GpuActivityLog
+
+    log_ = GpuActivityLog(max_age=100.0)
+    for t in range(1000):
+        log_.observe(NS(ts=float(t), samples=[
+            NS(ts=float(t), uuid="GPU-a", sm_active_ratio=0.5 if t < 900 else 1.0, utilization_gpu_ratio=0.9),
+            NS(ts=float(t), uuid="GPU-b", sm_active_ratio=None, utilization_gpu_ratio=0.25),
+            NS(ts=float(t), uuid="GPU-c", sm_active_ratio=None, utilization_gpu_ratio=None),
+        ]))
+    assert log_.mean(["GPU-a"], 950.0, 999.0) == (1.0, "gpm")
+    assert log_.mean(["GPU-a"], 890.0, 909.0) == (0.75, "gpm")  # ten at 0.5, ten at 1.0
+    assert log_.mean(["GPU-b"], 0.0, 2000.0) == (0.25, "utilization")
+    assert log_.mean(["GPU-a", "GPU-b"], 990.0, 999.0) == (0.625, "mixed")
+    assert log_.mean(["GPU-c", "GPU-x"], 0.0, 2000.0) is None
+    assert log_.mean(["GPU-a"], 0.0, 850.0) is None  # older than 100 s: gone
+    held = [len(times) for times, _, _ in log_._gpus.values()]
+    assert all(100 <= n <= 100 + 100 // 7 + 1 for n in held), held  # the window, pruned in batches
