@@ -79,7 +79,8 @@ def _stored_ticks(db: Path) -> int:
 def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_path):
     token = "s3cret-api-token-not-for-ps"
     proc = _recorded_agent(tmp_path, env=_env(VGPUMON_API_TOKEN=token))
-    try:
+
+    def while_it_runs() -> None:
         cmdline = lambda: open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")  # noqa: E731
         _wait_for(lambda: b"--plan-fd" in cmdline())  # the same PID, now the lean agent
         _wait_for(lambda: _stored_ticks(tmp_path / "x.db") >= 2)  # ticking: everything it imports is loaded
@@ -91,13 +92,8 @@ def test_the_running_agent_is_lean_keeps_its_pid_and_name_and_stops_cleanly(tmp_
             maps = f.read()
         assert "_pydantic_core" not in maps  # the settings' libraries stayed behind
         assert "vgpumon-agent-plan" not in maps
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
+
+    err = _stops_cleanly(proc, signal.SIGTERM, while_it_runs)
     assert "ticks of 1 GPU(s)" in err
 
 

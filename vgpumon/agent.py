@@ -263,12 +263,27 @@ class Agent:
         """On the NVML thread: read the tick (and, when ``host_due``, the host sample into
         ``_host_sample``), so that a replayed tick wakes the event loop once, not twice."""
         reading = self.source.sample(self._tick_time())
-        if host_due and self.host is not None:
-            try:
-                self._host_sample = self.host.sample(reading.ts, {pid for s in reading.samples for pid, _ in s.processes})
-            except Exception:  # noqa: BLE001 - the host's figures must never cost a tick
-                log.exception("host sample failed")
+        if host_due:
+            self._host_sample = self._host_of(reading)
         return reading
+
+    def _host_of(self, reading: NvmlReading) -> HostSample | None:
+        """The host sample for a tick (its GPU processes' owners, RSS and CPU); ``None`` without a
+        host source or when psutil fails (logged: the host's figures never cost a tick)."""
+        if self.host is None:
+            return None
+        try:
+            return self.host.sample(reading.ts, {pid for s in reading.samples for pid, _ in s.processes})
+        except Exception:  # noqa: BLE001 - the host's figures must never cost a tick
+            log.exception("host sample failed")
+            return None
+
+    def _give_up(self, stuck: tuple[int, str, float]) -> None:
+        """A call past its deadline: the source marks its device wedged, and the NVML thread stuck
+        in it is left behind for a fresh one (it exits when the call returns)."""
+        self.source.abandon(*stuck)
+        self._nvml_exec.abandon()
+        self._nvml_exec = DaemonExecutor("vgpumon-nvml")
 
     async def _sample(self, host_due: bool = False) -> NvmlReading:
         """One tick from the NVML source (replays), under a per-device deadline: a device whose
@@ -284,10 +299,8 @@ class Agent:
             stuck = self.source.inflight()
             if stuck is None or time.monotonic() - stuck[2] < self.call_deadline:
                 continue  # between devices, or one that is slow but within its deadline
-            self.source.abandon(*stuck)
             fut.cancel()  # its result, when the call comes back, is of no use
-            self._nvml_exec.abandon()
-            self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+            self._give_up(stuck)
             fut = loop.run_in_executor(self._nvml_exec, self.source.resume)
 
     # -- store thread ----------------------------------------------------------------------------
@@ -670,9 +683,8 @@ class Agent:
                 self.stats.gpus = len(self.source.gpus)
                 await self._register()
             host = self._host_sample if host_due else None
-            if host_due and host is None and self.host is not None:  # the tick was resumed after a wedge
-                pids = {pid for s in reading.samples for pid, _ in s.processes}
-                host = await loop.run_in_executor(self._host_exec, self.host.sample, reading.ts, pids)
+            if host_due and host is None:  # the tick was resumed after a wedge
+                host = await loop.run_in_executor(self._host_exec, self._host_of, reading)
             snap = self._take(reading, host)
             if self.store is not None and self.monotonic() - last_flush >= self.flush_every:
                 self._flush()
@@ -773,12 +785,7 @@ class Agent:
                 return
             if self._past_duration(reading.ts):
                 return
-            host = None
-            if host_due and self.host is not None:
-                try:
-                    host = self.host.sample(reading.ts, {pid for s in reading.samples for pid, _ in s.processes})
-                except Exception:  # noqa: BLE001 - the host's figures must never cost a tick
-                    log.exception("host sample failed")
+            host = self._host_of(reading) if host_due else None
             if self.source.gpus != self._registered:  # GPUs found after a re-initialisation
                 self.stats.gpus = len(self.source.gpus)
                 self._register_blocking()
@@ -817,10 +824,8 @@ class Agent:
             now = time.monotonic()
             stuck = self.source.inflight()
             if stuck is not None and now - stuck[2] >= self.call_deadline:
-                self.source.abandon(*stuck)
                 self._gen += 1
-                self._nvml_exec.abandon()
-                self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+                self._give_up(stuck)
                 self._start_sampler(resume=True)
                 continue
             since = stuck[2] if stuck is not None else max(self._next_read_at, now)
