@@ -386,3 +386,34 @@ def test_other_commands_exit_130_on_ctrl_c(silent_postgres):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["agent"], 0), (["record", "x"], 0), (["diagnose", "h"], 130)])
+def test_a_ctrl_c_wrapped_by_an_import_is_still_a_ctrl_c(monkeypatch, argv, code):
+    """Python 3.11 turns a Ctrl-C that lands inside ``__set_name__`` (typer importing pydantic
+    while it parses the command line) into ``RuntimeError`` caused by the interrupt; CI met it
+    once as exit 70 with a traceback. It is the user's stop: 0 for the agent, 130 elsewhere."""
+    import vgpumon.cli as cli
+
+    def interrupted_inside_an_import(**_kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'validators'") from exc
+
+    def broken(**_kwargs):
+        raise RuntimeError("a real bug")
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        monkeypatch.setattr(cli, "app", interrupted_inside_an_import)
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == code
+        monkeypatch.setattr(cli, "app", broken)  # an unrelated RuntimeError stays an internal error
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 70
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)

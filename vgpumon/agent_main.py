@@ -30,6 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
+from vgpumon.launch import caused_by_interrupt
 from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
@@ -387,7 +388,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+        if caused_by_interrupt(exc):  # a stop that landed inside an import's class creation
+            sys.exit(ExitCode.OK)
         exit_internal_error()
     sys.exit(int(code))
 

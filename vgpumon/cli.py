@@ -914,7 +914,7 @@ def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
     commands that stop cleanly on it (``vgpumon.launch``)."""
-    from vgpumon.launch import install_signal_handlers, stops_cleanly
+    from vgpumon.launch import caused_by_interrupt, install_signal_handlers, stops_cleanly
 
     argv = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers(argv)
@@ -955,7 +955,9 @@ def main(argv: list[str] | None = None) -> None:
     except _CLICK_EXCEPTION as exc:
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
-    except Exception:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
+        if caused_by_interrupt(exc):  # Ctrl-C inside an import's class creation (Python 3.11)
+            sys.exit(interrupted)
         from vgpumon.agent_main import exit_internal_error
 
         exit_internal_error()

@@ -41,6 +41,24 @@ def stops_cleanly(argv: list[str]) -> bool:
     return command_of(argv) in STOP_CLEANLY
 
 
+def caused_by_interrupt(exc: BaseException | None) -> bool:
+    """True when a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM of the agent) lies in ``exc``'s
+    chain of causes and contexts.
+
+    Python 3.11 wraps an exception raised inside ``__set_name__`` in ``RuntimeError("Error
+    calling __set_name__ …")``, so a Ctrl-C that lands while pydantic's dataclasses are being
+    created (typer imports pydantic lazily, while parsing the command line) arrives as a
+    ``RuntimeError`` whose cause is the interrupt. It is still the user's stop, not an internal
+    error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def install_signal_handlers(argv: list[str]) -> None:
     """SIGTERM raises ``KeyboardInterrupt`` for the commands that stop cleanly, like Ctrl-C, until
     the agent's event loop takes both signals over; other commands keep SIGTERM's default.
@@ -63,4 +81,8 @@ def main() -> None:
         from vgpumon.cli import main as cli_main
     except KeyboardInterrupt:
         sys.exit(0 if stops_cleanly(argv) else 130)
+    except Exception as exc:
+        if caused_by_interrupt(exc):
+            sys.exit(0 if stops_cleanly(argv) else 130)
+        raise
     cli_main(argv)
