@@ -284,10 +284,15 @@ def _share(rows: list[dict], bits: tuple[int, ...]) -> float | None:
     return sum(1 for v in known if int(v) & mask) / len(known)
 
 
+#: What the thermal and power-brake rules read of each tick: one read serves both (their windows
+#: are both 2 min by default; the view reads a window and a column set once per evaluation).
+_CLOCKS_READ = ("clocks_event_reasons", "temperature_celsius", "power_watts")
+
+
 def _thermal(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     window = th.thermal_window_seconds
     for g in view.gpus:
-        rows = view.series(g.id, window, ("clocks_event_reasons", "temperature_celsius"))
+        rows = view.series(g.id, window, _CLOCKS_READ)
         share = _share(rows, _THERMAL_BITS)
         temps = [r["temperature_celsius"] for r in rows if r["temperature_celsius"] is not None]
         mean_t = sum(temps) / len(temps) if temps else None
@@ -318,7 +323,7 @@ def _thermal_twin(th: Thresholds) -> list[Twin]:
 def _brake(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     window = th.power_brake_window_seconds
     for g in view.gpus:
-        rows = view.series(g.id, window, ("clocks_event_reasons", "power_watts"))
+        rows = view.series(g.id, window, _CLOCKS_READ)
         share = _share(rows, _BRAKE_BITS)
         if share is None:
             yield _unknown(rule, view, g, "clocks-event reasons not reported")

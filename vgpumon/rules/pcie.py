@@ -179,8 +179,7 @@ def _replays(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         ident = g.identity
         labels = gpu_labels(view.hostname, ident.index, ident.uuid)
         budget = replay_budget_per_minute(ident.pcie_link_gen_max, ident.pcie_link_width_max)
-        rows = [(r["ts"], r["pcie_replay_total"]) for r in view.series(g.id, window, ("pcie_replay_total",))
-                if r["pcie_replay_total"] is not None]
+        rows = [(r["ts"], r["pcie_replay_total"]) for r in view.series(g.id, window, ("pcie_replay_total",), present=True)]
         # a driver reload resets the counter: count only since the newest reset
         for i in range(len(rows) - 1, 0, -1):
             if rows[i][1] < rows[i - 1][1]:

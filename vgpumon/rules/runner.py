@@ -26,7 +26,7 @@ from vgpumon.alerts.lifecycle import AlertBook, Changes
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.rules.engine import Engine
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import CarriedValues, HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
 from vgpumon.workers import name_os_thread
@@ -80,6 +80,7 @@ class RuleRunner:
         self._last_poke: float | None = None
         self._last_at: float | None = None
         self._last_rule: dict[str, float] = {}
+        self._carry = CarriedValues()
 
     async def start(self, store: Store, hostname: str, write_executor: Executor) -> None:
         """Attach to the agent's store (writes go through ``write_executor``), restore the host's
@@ -190,7 +191,8 @@ class RuleRunner:
                 continue
             # catch-up times are in the past: only the newest is compared with the wall clock
             wall = self.wall() if self.wall is not None and at == newest else at
-            view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active())
+            view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active(), gpus=gpus,
+                            carry=self._carry)
             findings = self.engine.evaluate(view, due)
             slopes = {
                 f.labels["uuid"]: f.value / 86400.0  # the rule's figure is bytes per day

@@ -21,6 +21,12 @@ from vgpumon.store.rollup import percentile
 #: read one by one).
 LAST_READ = tuple(f.name for f in catalogue.fields_of("gpu_samples") if {"last", "cumulative"} & set(f.diagnose))
 
+#: Columns of each GPU's newest row read together, the first time any rule asks for its newest
+#: row: readable or not (the lost, unreadable, missing and silence rules and ``down_since``) and
+#: memory (the memory-full rule). One primary-key seek per GPU serves them all, where each rule's
+#: own read cost a seek per GPU per rule every 15 s.
+LATEST_READ = ("up", "memory_used_bytes", "memory_total_bytes")
+
 
 class HostView:
     """The stored data of one host as of ``at``.
@@ -34,17 +40,23 @@ class HostView:
         active: fingerprints of the alerts now pending or firing: a rule clears at a lower
             threshold than it fires at while its alert is active (hysteresis).
         prefetch: reads shared by views of several evaluation times (``Prefetch``).
+        gpus: the host's GPUs as ``Store.gpus_of`` returns them, where the caller has just read
+            them (the agent's rules runner); read from the store when needed otherwise.
+        carry: newest values carried from the previous evaluation time (``CarriedValues``: the
+            agent's rules runner, whose evaluation times only move forward).
     """
 
     def __init__(self, store: Store, hostname: str, at: float, *, wall: float | None = None, active: frozenset[str] = frozenset(),
-                 prefetch: "Prefetch | None" = None) -> None:
+                 prefetch: "Prefetch | None" = None, gpus: list[StoredGpu] | None = None,
+                 carry: "CarriedValues | None" = None) -> None:
         self.store = store
         self.hostname = hostname
         self.at = at
         self.wall = at if wall is None else wall
         self.active = active
         self.prefetch = prefetch
-        self._cache: dict[Any, Any] = {}
+        self.carry = carry
+        self._cache: dict[Any, Any] = {} if gpus is None else {"gpus": gpus}
 
     def _memo(self, key: Any, load: Callable[[], Any]) -> Any:
         if key not in self._cache:
@@ -69,9 +81,15 @@ class HostView:
         return self._memo(key, lambda: self.store.window_aggregates_many(ids, self.at - seconds, self.at, columns, aggregates))
 
     def latest(self, columns: Sequence[str]) -> dict[int, dict[str, Any]]:
-        """Per GPU, its newest row at or before ``at`` (``ts`` and the columns)."""
-        ids = [g.id for g in self.gpus]
-        return self._memo(("latest", tuple(columns)), lambda: self.store.latest(ids, columns, until=self.at))
+        """Per GPU, its newest row at or before ``at`` (``ts`` and the columns; GPUs without a row
+        are absent). ``LATEST_READ`` and ``columns`` are read in one seek per GPU, once per view."""
+        rows: dict[int, dict[str, Any]] = self._cache.get("latest", {})
+        have: tuple[str, ...] = self._cache.get("latest_columns", ())
+        if "latest" not in self._cache or any(c not in have for c in columns):
+            have = tuple(dict.fromkeys([*have, *LATEST_READ, *columns]))
+            rows = self.store.latest([g.id for g in self.gpus], have, until=self.at)
+            self._cache["latest"], self._cache["latest_columns"] = rows, have
+        return {gid: {"ts": row["ts"], **{c: row[c] for c in columns}} for gid, row in rows.items()}
 
     def last_values(self, gpu_id: int, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
         """Newest non-NULL value of each column at or before ``at`` (counters and latched flags
@@ -82,7 +100,11 @@ class HostView:
         if missing:
             # the slow-set counters and flags the rules and the report read, in one query
             missing = list(dict.fromkeys([*missing, *(c for c in LAST_READ if c not in cache)]))
-            found = self.store.last_values_many([g.id for g in self.gpus], self.at, missing)
+            ids = [g.id for g in self.gpus]
+            if self.carry is not None:
+                found = self.carry.read(self.store, ids, self.at, missing)
+            else:
+                found = self.store.last_values_many(ids, self.at, missing)
             for c in missing:
                 cache[c] = {gid: values[c] for gid, values in found.items()}
         return {c: cache[c].get(gpu_id) for c in columns}
@@ -90,7 +112,8 @@ class HostView:
     def down_since(self) -> dict[int, float]:
         """Per GPU unreadable at ``at``, since when it has been (``Store.down_since``)."""
         ids = [g.id for g in self.gpus]
-        return self._memo("down_since", lambda: self.store.down_since(ids, self.at))
+        newest = {gid: (row["ts"], row["up"]) for gid, row in self.latest(("up",)).items()}
+        return self._memo("down_since", lambda: self.store.down_since(ids, self.at, newest=newest))
 
     def percentiles(self, gpu_id: int, seconds: float, columns: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[float, float | None]]:
         """Percentiles of raw values of one GPU over ``[at − seconds, at]`` (linear
@@ -105,12 +128,14 @@ class HostView:
         key = ("pct", gpu_id, seconds, tuple(columns), tuple(quantiles))
         return self._memo(key, lambda: self.store.window_percentiles(gpu_id, self.at - seconds, self.at, columns, quantiles))
 
-    def series(self, gpu_id: int, seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
-        """Raw rows (``ts`` and the columns) of one GPU over ``[at − seconds, at]``, oldest first."""
+    def series(self, gpu_id: int, seconds: float, columns: Sequence[str], present: bool = False) -> list[dict[str, Any]]:
+        """Raw rows (``ts`` and the columns) of one GPU over ``[at − seconds, at]``, oldest first;
+        ``present``: only those where every column has a value."""
         if self.prefetch is not None:
-            return self.prefetch.raw([g.id for g in self.gpus], gpu_id, self.at - seconds, self.at, columns)
-        key = ("series", gpu_id, seconds, tuple(columns))
-        return self._memo(key, lambda: self.store.series(gpu_id, self.at - seconds, self.at, columns))
+            rows = self.prefetch.raw([g.id for g in self.gpus], gpu_id, self.at - seconds, self.at, columns)
+            return [r for r in rows if all(r[c] is not None for c in columns)] if present else rows
+        key = ("series", gpu_id, seconds, tuple(columns), present)
+        return self._memo(key, lambda: self.store.series(gpu_id, self.at - seconds, self.at, columns, present))
 
     def summed(self, gpu_ids: Sequence[int], seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
         """Per tick, the columns summed over ``gpu_ids`` (``Store.summed_series``: ``ts``, ``gpus``
@@ -249,3 +274,62 @@ class Prefetch:
             lo, hi = self._span(start, end)
             self._procmem = (lo, hi, self.store.process_memory_series(gpu_ids, lo, hi))
         return [r for r in self._procmem[2] if start <= r["ts"] <= end]
+
+
+class CarriedValues:
+    """Newest values of the slow-set counters and flags, carried from one evaluation time to the
+    next: the agent's rules runner reads, every 15 s, only the raw rows stored since its previous
+    evaluation (and ``OVERLAP_SECONDS`` before it, for rows stored late), not the last
+    ``Store.LAST_RAW_SECONDS`` of every GPU each time (960 rows of 8 GPUs for 120 rows that are
+    new). The whole read (``Store.last_values_many``: raw rows, then the rollups) is made again
+    at the first evaluation, whenever GPUs or columns change, when time goes backwards, and every
+    ``FULL_EVERY_SECONDS``.
+
+    Not thread-safe: one runner, one thread.
+    """
+
+    #: Seconds before the previous evaluation time read again: rows of a batch stored after the
+    #: rules read (the store thread writes every few seconds).
+    OVERLAP_SECONDS = 15.0
+    #: Seconds between two whole reads (a row stored later than the overlap is found then).
+    FULL_EVERY_SECONDS = 600.0
+
+    def __init__(self) -> None:
+        self._ids: list[int] = []
+        self._columns: tuple[str, ...] = ()
+        self._at: float | None = None
+        self._full_at = 0.0
+        self._values: dict[int, dict[str, tuple[float, Any] | None]] = {}
+
+    def read(self, store: Store, gpu_ids: Sequence[int], at: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]:
+        """As ``Store.last_values_many(gpu_ids, at, columns)``, from the values carried from the
+        previous call and the raw rows since.
+
+        Raises:
+            StoreUnavailableError: as the store's reads (nothing carried changes then).
+        """
+        ids = list(gpu_ids)
+        prev = self._at
+        if (prev is None or at < prev or ids != self._ids or any(c not in self._columns for c in columns)
+                or at - self._full_at >= self.FULL_EVERY_SECONDS):
+            cols = tuple(dict.fromkeys([*self._columns, *columns])) if ids == self._ids else tuple(columns)
+            values = store.last_values_many(ids, at, cols)
+            if ids == self._ids and prev is not None and 0 <= at - prev <= store.LAST_RAW_SECONDS:
+                # a value older than the whole read's raw window, in a minute the rollups have not
+                # reached yet, is one the store holds: keep it rather than forget it until they do
+                for gid, have in self._values.items():
+                    for c, value in have.items():
+                        if value is not None and values[gid].get(c, value) is None:
+                            values[gid][c] = value
+            self._values = values
+            self._ids, self._columns, self._at, self._full_at = ids, cols, at, at
+        elif at > prev:
+            fresh = store.newest_values(ids, prev - self.OVERLAP_SECONDS, at, self._columns)
+            for gid, found in fresh.items():
+                have = self._values[gid]
+                for c, value in found.items():
+                    old = have.get(c)
+                    if old is None or value[0] >= old[0]:
+                        have[c] = value
+            self._at = at
+        return {gid: {c: values.get(c) for c in columns} for gid, values in self._values.items()}

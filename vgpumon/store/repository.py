@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import BigInteger, Connection, Engine, and_, bindparam, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
@@ -824,34 +824,24 @@ class Store:
     def last_values_many(self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]:
         """Newest non-NULL value of each column at or before ``end``, per GPU.
 
-        One query over the raw rows of the last ``LAST_RAW_SECONDS`` for all GPUs; a column
-        without a value there is looked up in the 1-minute rollups of the ``LAST_ROLLUP_SECONDS``
-        before (its ``last``, ``any`` or ``max`` aggregate, the minute's start as its time) with one
-        scan per GPU. Per-column seeks on raw rows used to scan the whole history of a column a
-        GPU never reports: 2.2 s of a 2.5 s report on 72 h of 8 GPUs (docs/benchmarks.md).
+        One query over the raw rows of the last ``LAST_RAW_SECONDS`` for all GPUs
+        (``newest_values``); a column without a value there is looked up in the 1-minute rollups
+        of the ``LAST_ROLLUP_SECONDS`` before (its ``last``, ``any`` or ``max`` aggregate, the
+        minute's start as its time) with one scan per GPU. Per-column seeks on raw rows used to
+        scan the whole history of a column a GPU never reports: 2.2 s of a 2.5 s report on 72 h of
+        8 GPUs (docs/benchmarks.md).
 
         Returns:
             ``gpu_id`` → column → ``(ts, value)`` in base units, or ``None`` when not found.
         """
-        c = _SAMPLES.c
         out: dict[int, dict[str, tuple[float, Any] | None]] = {g: {n: None for n in columns} for g in gpu_ids}
         if not gpu_ids or not columns:
             return out
-        # statements built once per column set, with bound parameters (the rules ask every 15 s)
-        cols = tuple(columns)
-        raw = self._stmt(("last_raw", cols), lambda: select(c.gpu_id, c.ts, *(c[n] for n in cols))
-                         .where(and_(c.gpu_id.in_(bindparam("gids", expanding=True)), c.ts >= bindparam("start"),
-                                     c.ts <= bindparam("end")))
-                         .order_by(c.gpu_id, c.ts.desc()))
+        for gid, found in self.newest_values(gpu_ids, end - self.LAST_RAW_SECONDS, end, columns).items():
+            out[gid].update(found)
+        rc = _ROLLUPS.c
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(raw, {"gids": list(gpu_ids), "start": end - self.LAST_RAW_SECONDS, "end": end}).all()
-                for r in rows:
-                    found = out[r[0]]
-                    for i, n in enumerate(columns):
-                        if found[n] is None and r[2 + i] is not None:
-                            found[n] = (r[1], r[2 + i])
-                rc = _ROLLUPS.c
                 for gid in gpu_ids:
                     missing = {n: _rollup_of_last(n) for n, v in out[gid].items() if v is None}
                     missing = {n: col for n, col in missing.items() if col is not None}
@@ -875,18 +865,62 @@ class Store:
             raise self._fail(exc) from None
         return out
 
-    def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
-        """Rows of ``ts`` and the columns over a window, oldest first (base units)."""
+    def newest_values(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any]]]:
+        """Newest non-NULL value of each column among the raw rows of ``start <= ts <= end``, per
+        GPU: one query for all GPUs (raw rows only; ``last_values_many`` looks further back).
+
+        Returns:
+            ``gpu_id`` → column → ``(ts, value)`` in base units; columns without a value in the
+            window, and GPUs without one at all, are absent.
+        """
         c = _SAMPLES.c
+        out: dict[int, dict[str, tuple[float, Any]]] = {}
+        if not gpu_ids or not columns:
+            return out
+        # built once per column set, with bound parameters (the rules ask every 15 s)
+        cols = tuple(columns)
+        raw = self._stmt(("last_raw", cols), lambda: select(c.gpu_id, c.ts, *(c[n] for n in cols))
+                         .where(and_(c.gpu_id.in_(bindparam("gids", expanding=True)), c.ts >= bindparam("start"),
+                                     c.ts <= bindparam("end")))
+                         .order_by(c.gpu_id, c.ts.desc()))
         try:
             with self.engine.connect() as conn:
-                stmt = self._stmt(("series", tuple(columns)), lambda: select(c.ts, *(c[n] for n in columns))
-                                  .where(and_(c.gpu_id == bindparam("gid"), c.ts >= bindparam("start"), c.ts <= bindparam("end")))
-                                  .order_by(c.ts))
-                rows = conn.execute(stmt, {"gid": gpu_id, "start": start, "end": end}).mappings().all()
+                rows = conn.execute(raw, {"gids": list(gpu_ids), "start": start, "end": end}).all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return [dict(r) for r in rows]
+        for r in rows:  # newest first per GPU: the first non-NULL value of a column is its newest
+            found = out.setdefault(r[0], {})
+            if len(found) == len(cols):
+                continue
+            for i, n in enumerate(cols):
+                v = r[2 + i]
+                if v is not None and n not in found:
+                    found[n] = (r[1], v)
+        return out
+
+    def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[dict[str, Any]]:
+        """Rows of ``ts`` and the columns over a window, oldest first (base units).
+
+        Args:
+            present: only the rows where every column has a value (a counter read each minute,
+                such as the PCIe replay counter, has one row in 60 with it).
+        """
+        c = _SAMPLES.c
+        cols = tuple(columns)
+
+        def build() -> Any:
+            where = [c.gpu_id == bindparam("gid"), c.ts >= bindparam("start"), c.ts <= bindparam("end")]
+            if present:
+                where += [c[n].is_not(None) for n in cols]
+            return select(c.ts, *(c[n] for n in cols)).where(and_(*where)).order_by(c.ts)
+
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(self._stmt(("series", cols, present), build), {"gid": gpu_id, "start": start, "end": end}).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        names = ("ts", *cols)
+        return [dict(zip(names, r)) for r in rows]  # plain tuples zipped: half the time of RowMapping copies
 
 
     def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, dict[str, Any]]:
@@ -917,26 +951,35 @@ class Store:
             raise self._fail(exc) from None
         return out
 
-    def down_since(self, gpu_ids: Sequence[int], at: float) -> dict[int, float]:
+    def down_since(self, gpu_ids: Sequence[int], at: float, newest: Mapping[int, tuple[float, Any]] | None = None) -> dict[int, float]:
         """For each GPU whose newest row at or before ``at`` is unreadable (``up`` false), the
         time of the first unreadable row since its newest readable one: how long it has been
         down now. GPUs readable at ``at``, or without rows, are absent.
 
         Two primary-key seeks per GPU that is down (newest readable row, then the row after
-        it); a GPU that is up costs one.
+        it); a GPU that is up costs one, or none when ``newest`` is given.
+
+        Args:
+            newest: where the caller has read them already (``latest(ids, ("up",), until=at)``),
+                each GPU's newest ``(ts, up)`` at or before ``at``; GPUs absent from it have no row.
 
         Returns:
             ``gpu_id`` → epoch seconds.
         """
         c = _SAMPLES.c
         out: dict[int, float] = {}
+        if newest is not None and all(bool(newest[g][1]) for g in gpu_ids if g in newest):
+            return out  # every GPU readable (the usual case): nothing to read
         try:
             with self.engine.connect() as conn:
                 for gid in gpu_ids:
-                    newest = conn.execute(
-                        select(c.ts, c.up).where(and_(c.gpu_id == gid, c.ts <= at)).order_by(c.ts.desc()).limit(1)
-                    ).first()
-                    if newest is None or newest[1]:
+                    if newest is not None:
+                        last = newest.get(gid)
+                    else:
+                        last = conn.execute(
+                            select(c.ts, c.up).where(and_(c.gpu_id == gid, c.ts <= at)).order_by(c.ts.desc()).limit(1)
+                        ).first()
+                    if last is None or last[1]:
                         continue
                     last_up = conn.scalar(
                         select(c.ts).where(and_(c.gpu_id == gid, c.ts <= at, c.up)).order_by(c.ts.desc()).limit(1)
