@@ -339,3 +339,29 @@ def test_the_gpu_activity_log_keeps_its_window_and_averages_over_it():
     assert log_.mean(["GPU-a"], 0.0, 850.0) is None  # older than 100 s: gone
     held = [len(times) for times, _, _ in log_._gpus.values()]
     assert all(100 <= n <= 100 + 100 // 7 + 1 for n in held), held  # the window, pruned in batches
+
+
+def test_an_idle_scan_skips_the_listing_only_while_no_process_was_created(monkeypatch):
+    """While no server exists and the kernel's last-given PID (``/proc/loadavg``) has not moved
+    since the previous scan, nothing new can be a server: the table is not listed. Any new PID,
+    or a kernel whose field never moves, and it is listed again."""
+    from vgpumon.sources.vllm import discovery
+
+    last = [1000]
+    listings = []
+    real_pids = psutil.pids
+    monkeypatch.setattr(discovery, "_last_pid", lambda: last[0])
+    monkeypatch.setattr(discovery.psutil, "pids", lambda: listings.append(1) or real_pids())
+    table = PsutilProcessTable(full_every_s=3600)
+    table.scan()
+    table.scan()
+    assert len(listings) == 2  # the field has not been seen to move yet: listed every time
+    last[0] += 1
+    table.scan()
+    assert len(listings) == 3  # it moved: listed
+    table.scan()
+    table.scan()
+    assert len(listings) == 3  # nothing created since: not listed
+    last[0] += 7
+    assert [p for p in table.scan() if p.pid == os.getpid()] == []
+    assert len(listings) == 4

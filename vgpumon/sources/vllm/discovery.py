@@ -148,6 +148,18 @@ def _raw_cmdline(pid: int) -> bytes | None:
         return None
 
 
+def _last_pid() -> int | None:
+    """The PID most recently given out in this PID namespace (``/proc/loadavg``'s fifth field,
+    changed by every fork and thread), or ``None`` where it cannot be read or reads 0 (procfs
+    emulations that do not keep it)."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            pid = int(f.read().split()[4])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid or None
+
+
 class PsutilProcessTable:
     """The host's process table through psutil (needs no privileges for the user's own
     processes; root sees every server).
@@ -163,6 +175,13 @@ class PsutilProcessTable:
     * a PID recycled between two scans: the whole table is read again every ``full_every_s``
       seconds.
 
+    While no server exists, a scan first reads the PID the kernel gave out last
+    (``/proc/loadavg``): unchanged since the previous scan means no process (nor thread) was
+    created since, so only the young processes' command lines are read again (an ``exec``)
+    and the table is not listed. That is an idle GPU host's whole discovery cost. The shortcut
+    is taken only once that PID has been seen to move (a procfs that never updates it is
+    listed every time).
+
     Args:
         young_s: processes started less than this many seconds ago are read at every scan.
         full_every_s: seconds between two full reads of the process table.
@@ -177,6 +196,9 @@ class PsutilProcessTable:
         self._verdict: dict[int, tuple[bool, float, bytes | None]] = {}
         self._engine_verdict: dict[tuple[int, float], bool] = {}  # (pid, start) → engine process
         self._last_full: float | None = None
+        self._last_pid: int | None = None
+        self._last_pid_moves = False
+        self._found_none = False
 
     def _engines(self, tree: Sequence[psutil.Process]) -> tuple[int, ...]:
         """The live engine processes among a server's descendants; a command line is read once
@@ -197,9 +219,31 @@ class PsutilProcessTable:
                 out.append(q.pid)
         return tuple(out)
 
+    def _nothing_new(self, now: float, last_pid: int | None) -> bool:
+        """No process created since the previous scan, which found no server, and every young
+        process still the program it was: this scan would find nothing either."""
+        if last_pid is None or not self._found_none or not self._last_pid_moves or last_pid != self._last_pid:
+            return False
+        young = now - self.young_s
+        return all(
+            _raw_cmdline(pid) == raw
+            for pid, (server, started, raw) in self._verdict.items()
+            if not server and started >= young
+        )
+
     def scan(self) -> list[VllmProcess]:
         now = self.clock()
         full = self._last_full is None or now - self._last_full >= self.full_every_s
+        last_pid = _last_pid()  # before the listing: a process forked during it moves it again
+        if not full and self._nothing_new(now, last_pid):
+            return []
+        self._last_pid_moves |= last_pid is not None and self._last_pid is not None and last_pid != self._last_pid
+        self._last_pid = last_pid
+        out = self._scan(now, full)
+        self._found_none = not out
+        return out
+
+    def _scan(self, now: float, full: bool) -> list[VllmProcess]:
         pids = psutil.pids()
         if full:
             self._last_full = now
