@@ -209,3 +209,23 @@ def test_thresholds_load_from_a_rules_section_and_refuse_unknown_keys():
                          ({"stuck_window_seconds": "soon"}, "not a duration"), ({"memory_full_ratio": "high"}, "not a number")):
         with pytest.raises(ValueError, match=message):
             Thresholds.from_mapping(bad)
+
+
+def test_thresholds_refuse_values_outside_their_kind_and_a_clearing_ratio_follows_a_lowered_one():
+    """A ratio written as a percentage, a window of 0 s or a clearing ratio above the firing one
+    would silence a rule: refused. A saturation ratio lowered alone takes the clearing ratio down
+    with it (in the defaults' proportion), as a user who set only the first expects."""
+    for bad, message in (({"pcie_saturation_ratio": 80}, "pcie_saturation_ratio: 80 is outside 0 < x ≤ 1"),
+                         ({"memory_full_ratio": 0}, "memory_full_ratio: 0 is outside"),
+                         ({"xid_window_seconds": 0}, "xid_window_seconds: 0 is not a duration above 0 s"),
+                         ({"kv_window_seconds": float("inf")}, "kv_window_seconds: inf is not"),
+                         ({"vllm_engine_lost_polls": 0}, "vllm_engine_lost_polls: 0 is not a number of polls"),
+                         ({"vllm_prewarm_slower_factor": 0.5}, "vllm_prewarm_slower_factor: 0.5 is outside 1 ≤ x"),
+                         ({"for": {"GpuLost": -60}}, "for.GpuLost: -60 s is not a duration"),
+                         ({"pcie_saturation_ratio": 0.7, "pcie_clear_ratio": 0.75}, "pcie_clear_ratio: 0.75 is above")):
+        with pytest.raises(ValueError, match=message):
+            Thresholds.from_mapping(bad)
+    lowered = Thresholds.from_mapping({"pcie_saturation_ratio": 0.6})
+    assert lowered.pcie_clear_ratio == pytest.approx(0.6 * 0.75 / 0.8)
+    assert Thresholds.from_mapping({"pcie_saturation_ratio": 0.95}).pcie_clear_ratio == 0.75
+    assert Thresholds.from_mapping({"vllm_early_ttft_min_seconds": 0}).vllm_early_ttft_min_seconds == 0

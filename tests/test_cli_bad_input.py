@@ -70,6 +70,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "bad-window.toml").write_text('[diagnose]\nwindow = "0"\n')
     (d / "typo.toml").write_text('[stor]\nurl = "x.db"\n')
     (d / "bad-type.toml").write_text("[agent]\nhost_every = \"often\"\n")
+    (d / "percent-ratio.toml").write_text("[rules.thresholds]\npcie_saturation_ratio = 80\n")
+    (d / "negative-for.toml").write_text('[rules.thresholds.for]\nGpuLost = "-1m"\n')
+    (d / "clear-above.toml").write_text("[rules.thresholds]\npcie_saturation_ratio = 0.7\npcie_clear_ratio = 0.75\n")
     return d
 
 
@@ -148,6 +151,13 @@ CASES = [
     Case("config-bad-value", ["--config", "{d}/bad-window.toml", *DIAG], 65, r"bad-window\.toml: \[diagnose\] window: must be more than 0"),
     Case("config-unknown-section", ["--config", "{d}/typo.toml", *DIAG], 65, r"typo\.toml: stor: unknown setting"),
     Case("config-bad-type", ["--config", "{d}/bad-type.toml", *DIAG], 65, r"bad-type\.toml: \[agent\] host_every: .*integer"),
+    # a threshold out of its kind's range would silence its rule (a ratio written as a percentage)
+    Case("threshold-percent", ["--config", "{d}/percent-ratio.toml", *DIAG], 65,
+         r"percent-ratio\.toml: \[rules\] thresholds: pcie_saturation_ratio: 80 is outside 0 < x ≤ 1"),
+    Case("threshold-for-negative", ["--config", "{d}/negative-for.toml", *DIAG], 65,
+         r"negative-for\.toml: \[rules\] thresholds: for\.GpuLost: '-1m' is not a duration"),
+    Case("threshold-clear-above", ["--config", "{d}/clear-above.toml", *DIAG], 65,
+         r"clear-above\.toml: \[rules\] thresholds: pcie_clear_ratio: 0\.75 is above pcie_saturation_ratio \(0\.7\)"),
     # captures: 65, one line
     Case("capture-missing", replay_of("missing.jsonl"), 65, r"cannot read capture .*missing\.jsonl: No such file"),
     Case("capture-directory", replay_of("a-directory"), 65, r"cannot read capture .*a-directory: Is a directory"),

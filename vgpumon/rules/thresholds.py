@@ -8,6 +8,7 @@ celsius); durations may also be written as strings (``"5m"``, ``"6h"``, ``"90s"`
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -28,6 +29,36 @@ def seconds(value: Any) -> float:
     if not m:
         raise ValueError(f"{value!r} is not a duration (e.g. 90s, 15m, 6h)")
     return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _seconds_of(key: str, value: Any) -> float:
+    """``seconds(value)``, its error naming the ``[rules]`` key."""
+    try:
+        return seconds(value)
+    except ValueError as exc:
+        raise ValueError(f"[rules] {key}: {exc}") from None
+
+
+#: Longest duration a threshold or ``for`` takes (the raw data a window reads is kept 7 days by
+#: default; 30 days leaves room for a longer retention).
+_MAX_SECONDS = 30 * 86400.0
+
+
+def _range_of(name: str) -> tuple[Any, str]:
+    """(test, words for the error) of a threshold, by the kind its name ends in."""
+    if name.endswith("_min_seconds"):  # a floor under a relative limit: 0 is no floor
+        return (lambda v: 0 <= v <= _MAX_SECONDS), "not a duration from 0 s to 30 d"
+    if name.endswith("_seconds"):
+        return (lambda v: 0 < v <= _MAX_SECONDS), "not a duration above 0 s and at most 30 d"
+    if name.endswith("_ratio"):
+        return (lambda v: 0 < v <= 1), "outside 0 < x ≤ 1 (a ratio: 0.8 is 80 %)"
+    if name.endswith("_factor"):
+        return (lambda v: 1 <= v <= 1000), "outside 1 ≤ x ≤ 1000 (how many times slower)"
+    if name.endswith("_celsius"):
+        return (lambda v: -50 <= v <= 50), "outside −50 °C to 50 °C (a margin)"
+    if name.endswith("_polls"):
+        return (lambda v: 1 <= v <= 1000), "not a number of polls from 1 to 1000"
+    return (lambda v: v > 0), "not above 0"
 
 
 @dataclass(frozen=True)
@@ -158,6 +189,32 @@ class Thresholds:
     for_seconds: Mapping[str, float] = field(default_factory=dict)
     disabled: frozenset[str] = frozenset()
 
+    def __post_init__(self) -> None:
+        """Every threshold inside the range its kind allows (a ratio written as a percentage,
+        ``pcie_saturation_ratio = 80``, would silence its rule without a word).
+
+        Raises:
+            ValueError: ``[rules] <key>: <value> …`` naming the range.
+        """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("runbook_base_url", "disabled"):
+                continue
+            if f.name == "for_seconds":
+                for rule, v in value.items():
+                    if not (math.isfinite(v) and 0 <= v <= _MAX_SECONDS):
+                        raise ValueError(f"[rules] for.{rule}: {v:g} s is not a duration from 0 s to 30 d")
+                continue
+            ok, what = _range_of(f.name)
+            if not (math.isfinite(value) and ok(value)):
+                raise ValueError(f"[rules] {f.name}: {value:g} is {what}")
+        if self.pcie_clear_ratio > self.pcie_saturation_ratio:
+            raise ValueError(
+                f"[rules] pcie_clear_ratio: {self.pcie_clear_ratio:g} is above pcie_saturation_ratio "
+                f"({self.pcie_saturation_ratio:g}); an alert clears below the ratio it fires at"
+            )
+
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Thresholds":
         """Thresholds from a plain mapping (a parsed ``[rules]`` section): unnamed keys keep their
@@ -176,6 +233,11 @@ class Thresholds:
 
             names = {r.name for r in RULES}
         kw: dict[str, Any] = {}
+        if "pcie_saturation_ratio" in values and "pcie_clear_ratio" not in values:
+            # the clearing ratio follows a saturation ratio set alone, 0.75 : 0.80 as the defaults
+            ratio = values["pcie_saturation_ratio"]
+            if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+                kw["pcie_clear_ratio"] = min(cls.pcie_clear_ratio, ratio * cls.pcie_clear_ratio / cls.pcie_saturation_ratio)
         for key, value in values.items():
             key = "for_seconds" if key == "for" else key
             f = known.get(key)
@@ -185,7 +247,7 @@ class Thresholds:
                 unknown = set(value) - names
                 if unknown:
                     raise ValueError(f"[rules] for: unknown rule {sorted(unknown)[0]}")
-                kw[key] = {k: seconds(v) for k, v in value.items()}
+                kw[key] = {k: _seconds_of(f"for.{k}", v) for k, v in value.items()}
             elif key == "disabled":
                 unknown = set(value) - names
                 if unknown:
@@ -194,7 +256,7 @@ class Thresholds:
             elif key == "runbook_base_url":
                 kw[key] = str(value)
             elif key.endswith("_seconds"):
-                kw[key] = seconds(value)
+                kw[key] = _seconds_of(key, value)
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"[rules] {key}: {value!r} is not a number")
             else:
