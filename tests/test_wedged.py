@@ -133,38 +133,74 @@ def test_a_stop_during_a_wedge_ends_a_paced_run_within_the_deadline(tmp_path, st
     assert [r["up"] for r in rows[1]] == [True, True, False]
 
 
-def test_a_call_that_returns_as_it_is_given_up_on_costs_no_more_than_its_tick(tmp_path, store_of):
-    """The race: the watchdog finds a call past its deadline and gives up on it just as it
-    returns, so there is no tick left to finish. The fresh sampling thread reads on; the run is
-    not ended by it."""
+def test_a_read_that_ended_before_the_watchdog_acts_is_not_given_up(tmp_path, store_of):
+    """The race, one way: the watchdog reads "GPU 0 in a call for a minute" just as that read
+    ends (here: a stale answer of ``inflight``). The source refuses to abandon a read no longer
+    in flight: no wedge, no event, no tick lost, the GPU never marked down."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
     source = NvmlSource(ReplayBackend(H200_CAPTURE))
     store = open_store(url)
     agent = Agent(source, store, hostname="h", paced=True, interval=0.2, duration=12.0)
     real_inflight = source.inflight
-    state = {"raced": 0}
+    state = {"stale": 0, "resumed": 0}
 
     def inflight():
-        if state["raced"] == 0 and agent.stats.ticks >= 3:
-            state["raced"] = 1
+        if state["stale"] == 0 and agent.stats.ticks >= 3:
+            state["stale"] = 1
             return (0, "nvmlDeviceGetPowerUsage", time.monotonic() - 60.0)  # "hung" for a minute
         return real_inflight()
 
+    real_resume = source.resume
+
     def resume():
-        state["raced"] += 1
-        raise RuntimeError("no tick to resume")
+        state["resumed"] += 1
+        return real_resume()
 
     source.inflight, source.resume = inflight, resume  # type: ignore[method-assign]
     try:
         asyncio.run(agent.run())
     finally:
         store.close()
-    assert state["raced"] == 2  # given up on once, and the fresh thread met no tick to finish
-    # capture seconds 0..11: every tick of the duration, but the one given up on if the watchdog
-    # came while it was being read (about one time in 200 here)
-    assert agent.stats.ticks in (11, 12)
-    gpus = store_of(url).gpus_of("h")
-    assert len(store_of(url).series(gpus[0].id, 0, 2e9, ("up",))) == agent.stats.ticks
+    assert state == {"stale": 1, "resumed": 0}
+    assert agent.stats.ticks == 12  # capture seconds 0..11, every one
+    store = store_of(url)
+    (gpu,) = store.gpus_of("h")
+    assert [r["up"] for r in store.series(gpu.id, 0, 2e9, ("up",))] == [True] * 12
+    assert store.events("h", 0, 2e9) == []
+
+
+def test_a_read_given_up_on_as_it_ends_leaves_its_gpu_sampled(tmp_path, store_of):
+    """The race, the other way: GPU 0's last call of a tick returns, and the watchdog gives up on
+    the read before it is marked done (here: the read ends 0.6 s after its last call, past the
+    0.3-s deadline). The GPU is wedged for that moment and back at once: it used to stay marked
+    wedged (down, "wedged: …") for the rest of the run, since no later call of the abandoned read
+    came back to say so."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    source = NvmlSource(ReplayBackend(H200_CAPTURE))
+    store = open_store(url)
+    agent = Agent(source, store, hostname="h", paced=True, interval=1.0, call_deadline=0.3, duration=10.0)
+    real_read = source._read_device
+    state = {"slow": 0}
+
+    def read_device(gpu, ts, tick, slow):
+        sample = real_read(gpu, ts, tick, slow)
+        if tick == 3 and state["slow"] == 0:
+            state["slow"] = 1
+            time.sleep(0.6)  # after the last NVML call of the read: the watchdog acts meanwhile
+        return sample
+
+    source._read_device = read_device  # type: ignore[method-assign]
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    assert state["slow"] == 1
+    store = store_of(url)
+    (gpu,) = store.gpus_of("h")
+    up = [r["up"] for r in store.series(gpu.id, 0, 2e9, ("up",))]
+    assert len(up) >= 9 and all(up[4:]), up  # sampled again from the next tick on
+    kinds = [e.kind for e in store.events("h", 0, 2e9)]
+    assert kinds == ["gpu_wedged", "gpu_unwedged"], kinds
 
 
 def test_a_call_slow_but_within_its_deadline_skips_slots_and_says_so(tmp_path, store_of, caplog):

@@ -278,12 +278,16 @@ class Agent:
             log.exception("host sample failed")
             return None
 
-    def _give_up(self, stuck: tuple[int, str, float]) -> None:
+    def _give_up(self, stuck: tuple[int, str, float], then: Callable[[], None] | None = None) -> bool:
         """A call past its deadline: the source marks its device wedged, and the NVML thread stuck
-        in it is left behind for a fresh one (it exits when the call returns)."""
-        self.source.abandon(*stuck)
+        in it is left behind for a fresh one (it exits when the call returns). False, changing
+        nothing, when the call returned meanwhile (``NvmlSource.abandon``); ``then`` runs once the
+        read is abandoned, before the stuck thread can see it."""
+        if not self.source.abandon(*stuck, then=then):
+            return False
         self._nvml_exec.abandon()
         self._nvml_exec = DaemonExecutor("vgpumon-nvml")
+        return True
 
     async def _sample(self, host_due: bool = False) -> NvmlReading:
         """One tick from the NVML source (replays), under a per-device deadline: a device whose
@@ -299,8 +303,9 @@ class Agent:
             stuck = self.source.inflight()
             if stuck is None or time.monotonic() - stuck[2] < self.call_deadline:
                 continue  # between devices, or one that is slow but within its deadline
+            if not self._give_up(stuck):
+                continue  # it returned just now: its result is on the way
             fut.cancel()  # its result, when the call comes back, is of no use
-            self._give_up(stuck)
             fut = loop.run_in_executor(self._nvml_exec, self.source.resume)
 
     # -- store thread ----------------------------------------------------------------------------
@@ -824,9 +829,12 @@ class Agent:
             now = time.monotonic()
             stuck = self.source.inflight()
             if stuck is not None and now - stuck[2] >= self.call_deadline:
-                self._gen += 1
-                self._give_up(stuck)
-                self._start_sampler(resume=True)
+
+                def next_generation() -> None:  # before the stuck thread can see it abandoned
+                    self._gen += 1
+
+                if self._give_up(stuck, then=next_generation):
+                    self._start_sampler(resume=True)
                 continue
             since = stuck[2] if stuck is not None else max(self._next_read_at, now)
             self._sampler_over.wait(max(since + self.call_deadline - now, 0.01))

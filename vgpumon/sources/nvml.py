@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
@@ -179,6 +180,9 @@ class _Watch:
         self.device: int | None = None
         self.fn = ""
         self.since = 0.0
+        #: held while the agent decides to abandon a read, and while the sampling thread ends
+        #: one: a read that ends as it is abandoned is either finished or abandoned, never both
+        self.lock = threading.Lock()
 
     def returned(self, index: int, fn: str) -> None:
         self.source._unwedge(index, fn)
@@ -947,16 +951,33 @@ class NvmlSource:
         device = w.device
         return None if device is None else (device, w.fn, w.since)
 
-    def abandon(self, index: int, fn: str, since: float) -> None:
-        """Give up on the sampling thread stuck in ``fn`` on device ``index``: the device is
-        wedged (down, reason "wedged: <call> for N s", an event) and skipped until the call
-        returns; the stuck thread stops when it does. Call ``resume`` on a fresh thread next."""
+    def abandon(self, index: int, fn: str, since: float, then: Callable[[], None] | None = None) -> bool:
+        """Give up on the sampling thread stuck in ``fn`` on device ``index`` (as ``inflight``
+        named it): the device is wedged (down, reason "wedged: <call> for N s", an event) and
+        skipped until the call returns; the stuck thread stops when it does. Call ``resume`` on
+        a fresh thread next.
+
+        Args:
+            then: called once the read is abandoned, before the stuck thread can see it (the
+                agent's own bookkeeping of which thread samples).
+
+        Returns:
+            False, abandoning nothing, when that read is no longer in flight: it ended between
+            ``inflight`` and this call (the device was slow, not wedged).
+        """
+        w = self._watch
+        with w.lock:
+            if w.device != index or w.since != since:
+                return False
+            w.generation += 1
+            w.device = None
+            self._wedged[index] = (fn, since)
+            if then is not None:
+                then()
         gpu = next((g for g in self.gpus if g.index == index), None)
-        self._watch.generation += 1
-        self._watch.device = None
-        self._wedged[index] = (fn, since)
         log.error("GPU %d: %s did not return; skipping the GPU until it does", index, fn)
         self._event("gpu_wedged", f"gpu:{gpu.uuid}" if gpu else f"index:{index}", f"{fn} did not return")
+        return True
 
     def _unwedge(self, index: int, fn: str) -> None:
         """The stuck call returned (on the abandoned thread): sample the device again."""
@@ -995,9 +1016,12 @@ class NvmlSource:
             at = ts + (time.monotonic() - state["mono"]) if state["late"] else ts
             watch.device, watch.since = gpu.index, time.monotonic()
             sample = self._read_device(gpu, at, tick, slow)
-            watch.device = None
-            if watch.generation != generation:
-                raise Abandoned("tick given up")
+            with watch.lock:
+                given_up = watch.generation != generation
+                if not given_up:
+                    watch.device = None
+            if given_up:  # abandoned after its last call returned: not wedged after all
+                watch.returned(gpu.index, watch.fn)
             done[gpu.index] = sample
         self._tick_state = None
         samples = [done[g.index] for g in self.gpus if g.index in done]
