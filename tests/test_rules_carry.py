@@ -101,3 +101,85 @@ def test_a_row_stored_after_the_read_is_found_and_time_going_back_reads_again(st
         assert back == first
     finally:
         store.close()
+
+
+# -- what a whole read would no longer say, or says from the rollups ---------------------------
+
+
+def _bare_store(tmp_path, n: int):
+    from vgpumon.model.gpu import GpuIdentity
+    from vgpumon.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ids = store.register_gpus("h", [GpuIdentity(index=i, uuid=f"GPU-{i}") for i in range(n)])
+    return store, [ids[f"GPU-{i}"] for i in range(n)]
+
+
+def _put(store: Store, table, rows: list[dict]) -> None:
+    from sqlalchemy import insert
+
+    with store.engine.begin() as conn:
+        conn.execute(insert(table), rows)
+
+
+def test_a_gpu_that_stopped_reporting_has_its_counts_dropped_after_the_whole_reads_horizon(tmp_path):
+    """A GPU taken out (its rows stop, another reports on): after ``LAST_RAW_SECONDS +
+    LAST_ROLLUP_SECONDS`` its ECC count is no longer "the current count" to a whole read
+    (``diagnose``'s); the carried value must go too, or its latched alert fires for ever."""
+    from vgpumon.store.schema import GpuSampleRow, gpu_samples_1m
+
+    store, (g0, g1) = _bare_store(tmp_path, 2)
+    t0 = 1_700_000_040.0
+    col = ("ecc_uncorrected_volatile_total",)
+    _put(store, GpuSampleRow.__table__, [{"gpu_id": g0, "ts": t0, "up": True, col[0]: 3},
+                                         {"gpu_id": g1, "ts": t0, "up": True, col[0]: 0}])
+    _put(store, gpu_samples_1m, [{"gpu_id": g0, "ts": t0 - 40, "samples": 1, "up_samples": 1, "folded_samples": 0, f"{col[0]}_last": 3}])
+    carry, at = CarriedValues(), t0
+    seen_until = None
+    while at < t0 + 8 * 86400:
+        at += 100.0  # within the whole read's raw window of the previous time, as every 15 s would be
+        if int(at) % 3600 < 100:  # GPU 1 reports on (a row an hour is enough here)
+            _put(store, GpuSampleRow.__table__, [{"gpu_id": g1, "ts": at, "up": True, col[0]: 0}])
+        got = carry.read(store, [g0, g1], at, col)[g0][col[0]]
+        whole = store.last_values_many([g0, g1], at, col)[g0][col[0]]
+        # the same count while a whole read has one (it dates it by the rollup's minute), none after
+        assert (got is None) == (whole is None) and (got is None or got[1] == whole[1]), at - t0
+        if got is not None:
+            seen_until = at
+    assert seen_until is not None and 6.9 * 86400 < seen_until - t0 <= 7.01 * 86400
+    store.close()
+
+
+def test_rules_catching_up_after_an_outage_see_the_counts_folded_into_rollups(tmp_path):
+    """The store was away long enough for the agent to fold its oldest held ticks into 1-minute
+    rollups; when it is back the runner walks through those minutes every 15 s of data time. The
+    ECC count they hold (2) must be what the rules see there, not the count from before the outage
+    (0) carried on: the alert would start minutes late."""
+    from vgpumon.rules.runner import RuleRunner
+    from vgpumon.store.schema import GpuSampleRow, gpu_samples_1m
+
+    store, (g0,) = _bare_store(tmp_path, 1)
+    t0 = 1_700_000_020.0
+    col = "ecc_uncorrected_volatile_total"
+    _put(store, GpuSampleRow.__table__, [{"gpu_id": g0, "ts": t0 - 600 + 10 * k, "up": True, col: 0} for k in range(61)])
+    runner = RuleRunner(wall=None)
+    runner._store, runner._hostname = store, "h"
+    runner._evaluate()  # the last cycle before the outage: it carries 0 on
+    minute0 = t0 - t0 % 60
+    _put(store, gpu_samples_1m, [{"gpu_id": g0, "ts": minute0 + 60 * m, "samples": 60, "up_samples": 60,
+                                   "folded_samples": 60, f"{col}_last": 2} for m in range(1, 11)])
+    _put(store, GpuSampleRow.__table__, [{"gpu_id": g0, "ts": minute0 + 660 + 10 * k, "up": True, col: 2} for k in range(60)])
+    seen: list[tuple[float, object]] = []
+    evaluate = runner.engine.evaluate
+
+    def spy(view, due):
+        seen.append((view.at, view.last_values(g0, (col,))[col]))
+        return evaluate(view, due)
+
+    runner.engine.evaluate = spy  # type: ignore[method-assign]
+    runner._evaluate()
+    # past the pre-outage rows' 2 minutes (a whole read prefers a raw value within them)
+    folded = [(at, v) for at, v in seen if t0 + Store.LAST_RAW_SECONDS < at <= minute0 + 600]
+    assert len(folded) >= 25
+    assert all(v is not None and v[1] == 2 for _, v in folded), folded[:3]
+    store.close()

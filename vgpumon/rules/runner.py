@@ -184,6 +184,12 @@ class RuleRunner:
             times.append(newest)
             if newest <= self._last_at and not final:
                 return total
+        carry: CarriedValues | None = self._carry
+        if len(times) > 2:
+            # catching up (after an outage, a slow cycle, a replay): ticks folded into rollups
+            # while the store was away are seen only by whole reads, made at each time
+            self._carry.forget()
+            carry = None
         for at in times:
             due = [r for r in self.engine.rules
                    if at - self._last_rule.get(r.name, -1e18) >= r.every_seconds or (final and at == newest)]
@@ -192,7 +198,7 @@ class RuleRunner:
             # catch-up times are in the past: only the newest is compared with the wall clock
             wall = self.wall() if self.wall is not None and at == newest else at
             view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active(), gpus=gpus,
-                            carry=self._carry)
+                            carry=carry)
             findings = self.engine.evaluate(view, due)
             slopes = {
                 f.labels["uuid"]: f.value / 86400.0  # the rule's figure is bytes per day

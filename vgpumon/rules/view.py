@@ -283,7 +283,12 @@ class CarriedValues:
     ``Store.LAST_RAW_SECONDS`` of every GPU each time (960 rows of 8 GPUs for 120 rows that are
     new). The whole read (``Store.last_values_many``: raw rows, then the rollups) is made again
     at the first evaluation, whenever GPUs or columns change, when time goes backwards, and every
-    ``FULL_EVERY_SECONDS``.
+    ``FULL_EVERY_SECONDS``; the runner drops what it carries when it catches up after an outage
+    (``forget``), whose oldest ticks may be stored only as rollups, which these reads do not see.
+
+    A value answers as the whole read would: one older than that read looks back
+    (``Store.LAST_RAW_SECONDS + Store.LAST_ROLLUP_SECONDS``) is no longer the current count and is
+    dropped, as a GPU's values are once it stops reporting.
 
     Not thread-safe: one runner, one thread.
     """
@@ -293,8 +298,15 @@ class CarriedValues:
     OVERLAP_SECONDS = 15.0
     #: Seconds between two whole reads (a row stored later than the overlap is found then).
     FULL_EVERY_SECONDS = 600.0
+    #: How far behind the whole read's raw window a carried value is kept when that read misses
+    #: it: the rollups of its minute are written within minutes (``Retention.step``).
+    ROLLUP_LAG_SECONDS = 1800.0
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Carry nothing: the next read is a whole one."""
         self._ids: list[int] = []
         self._columns: tuple[str, ...] = ()
         self._at: float | None = None
@@ -317,19 +329,23 @@ class CarriedValues:
             if ids == self._ids and prev is not None and 0 <= at - prev <= store.LAST_RAW_SECONDS:
                 # a value older than the whole read's raw window, in a minute the rollups have not
                 # reached yet, is one the store holds: keep it rather than forget it until they do
+                recent = at - store.LAST_RAW_SECONDS - self.ROLLUP_LAG_SECONDS
                 for gid, have in self._values.items():
                     for c, value in have.items():
-                        if value is not None and values[gid].get(c, value) is None:
+                        if value is not None and value[0] >= recent and values[gid].get(c, value) is None:
                             values[gid][c] = value
             self._values = values
             self._ids, self._columns, self._at, self._full_at = ids, cols, at, at
         elif at > prev:
             fresh = store.newest_values(ids, prev - self.OVERLAP_SECONDS, at, self._columns)
-            for gid, found in fresh.items():
-                have = self._values[gid]
-                for c, value in found.items():
-                    old = have.get(c)
-                    if old is None or value[0] >= old[0]:
+            horizon = at - store.LAST_RAW_SECONDS - store.LAST_ROLLUP_SECONDS
+            for gid, have in self._values.items():
+                found = fresh.get(gid, {})
+                for c in self._columns:
+                    old, value = have.get(c), found.get(c)
+                    if value is not None and (old is None or value[0] >= old[0]):
                         have[c] = value
+                    elif old is not None and old[0] < horizon:
+                        have[c] = None  # no longer the current count (a GPU that stopped reporting)
             self._at = at
         return {gid: {c: values.get(c) for c in columns} for gid, values in self._values.items()}
