@@ -215,13 +215,18 @@ def test_thresholds_refuse_values_outside_their_kind_and_a_clearing_ratio_follow
     """A ratio written as a percentage, a window of 0 s or a clearing ratio above the firing one
     would silence a rule: refused. A saturation ratio lowered alone takes the clearing ratio down
     with it (in the defaults' proportion), as a user who set only the first expects."""
-    for bad, message in (({"pcie_saturation_ratio": 80}, "pcie_saturation_ratio: 80 is outside 0 < x ≤ 1"),
-                         ({"memory_full_ratio": 0}, "memory_full_ratio: 0 is outside"),
-                         ({"xid_window_seconds": 0}, "xid_window_seconds: 0 is not a duration above 0 s"),
-                         ({"kv_window_seconds": float("inf")}, "kv_window_seconds: inf is not"),
+    for bad, message in (({"pcie_saturation_ratio": 80}, "pcie_saturation_ratio: 80 is outside 0 ≤ x ≤ 1"),
+                         ({"memory_full_ratio": -0.1}, "memory_full_ratio: -0.1 is outside"),
+                         ({"xid_window_seconds": 0}, "xid_window_seconds: 0 s is not a duration above 0 s"),
+                         ({"kv_window_seconds": float("inf")}, "kv_window_seconds: inf is not a duration"),
                          ({"vllm_engine_lost_polls": 0}, "vllm_engine_lost_polls: 0 is not a number of polls"),
+                         ({"vllm_engine_lost_polls": float("nan")}, "vllm_engine_lost_polls: nan is not a finite number"),
+                         ({"vllm_engine_lost_polls": 10**400}, "vllm_engine_lost_polls: 100000000000… .* is too large"),
+                         ({"vllm_engine_lost_polls": 2.5}, "vllm_engine_lost_polls: 2.5 is not a whole number"),
                          ({"vllm_prewarm_slower_factor": 0.5}, "vllm_prewarm_slower_factor: 0.5 is outside 1 ≤ x"),
-                         ({"for": {"GpuLost": -60}}, "for.GpuLost: -60 s is not a duration"),
+                         ({"for": {"GpuLost": -60}}, "for.GpuLost: -1 min is not a duration"),
+                         ({"for": ["GpuLost"]}, "for: not a table of rule = duration"),
+                         ({"disabled": "GpuLost"}, "disabled: not a list of rule names"),
                          ({"pcie_saturation_ratio": 0.7, "pcie_clear_ratio": 0.75}, "pcie_clear_ratio: 0.75 is above")):
         with pytest.raises(ValueError, match=message):
             Thresholds.from_mapping(bad)
@@ -229,3 +234,7 @@ def test_thresholds_refuse_values_outside_their_kind_and_a_clearing_ratio_follow
     assert lowered.pcie_clear_ratio == pytest.approx(0.6 * 0.75 / 0.8)
     assert Thresholds.from_mapping({"pcie_saturation_ratio": 0.95}).pcie_clear_ratio == 0.75
     assert Thresholds.from_mapping({"vllm_early_ttft_min_seconds": 0}).vllm_early_ttft_min_seconds == 0
+    # settings that are unusual, not mistakes: "exactly idle", "any amount", a long lookback
+    unusual = Thresholds.from_mapping({"stuck_engine_ratio": 0, "memory_idle_sm_ratio": 0, "memory_idle_min_bytes": 0,
+                                       "missing_lookback_seconds": "45d", "vllm_engine_lost_polls": 5.0})
+    assert unusual.stuck_engine_ratio == 0 and unusual.missing_lookback_seconds == 45 * 86400 and unusual.vllm_engine_lost_polls == 5

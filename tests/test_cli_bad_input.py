@@ -73,6 +73,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "percent-ratio.toml").write_text("[rules.thresholds]\npcie_saturation_ratio = 80\n")
     (d / "negative-for.toml").write_text('[rules.thresholds.for]\nGpuLost = "-1m"\n')
     (d / "clear-above.toml").write_text("[rules.thresholds]\npcie_saturation_ratio = 0.7\npcie_clear_ratio = 0.75\n")
+    (d / "polls-inf.toml").write_text("[rules.thresholds]\nvllm_engine_lost_polls = inf\n")
+    (d / "for-list.toml").write_text('[rules.thresholds]\nfor = ["GpuLost"]\n')
     return d
 
 
@@ -153,9 +155,13 @@ CASES = [
     Case("config-bad-type", ["--config", "{d}/bad-type.toml", *DIAG], 65, r"bad-type\.toml: \[agent\] host_every: .*integer"),
     # a threshold out of its kind's range would silence its rule (a ratio written as a percentage)
     Case("threshold-percent", ["--config", "{d}/percent-ratio.toml", *DIAG], 65,
-         r"percent-ratio\.toml: \[rules\] thresholds: pcie_saturation_ratio: 80 is outside 0 < x ≤ 1"),
+         r"percent-ratio\.toml: \[rules\] thresholds: pcie_saturation_ratio: 80 is outside 0 ≤ x ≤ 1"),
     Case("threshold-for-negative", ["--config", "{d}/negative-for.toml", *DIAG], 65,
          r"negative-for\.toml: \[rules\] thresholds: for\.GpuLost: '-1m' is not a duration"),
+    Case("threshold-inf", ["--config", "{d}/polls-inf.toml", *DIAG], 65,
+         r"polls-inf\.toml: \[rules\] thresholds: vllm_engine_lost_polls: inf is not a finite number"),
+    Case("threshold-for-list", ["--config", "{d}/for-list.toml", *DIAG], 65,
+         r"for-list\.toml: \[rules\] thresholds: for: not a table of rule = duration"),
     Case("threshold-clear-above", ["--config", "{d}/clear-above.toml", *DIAG], 65,
          r"clear-above\.toml: \[rules\] thresholds: pcie_clear_ratio: 0\.75 is above pcie_saturation_ratio \(0\.7\)"),
     # captures: 65, one line

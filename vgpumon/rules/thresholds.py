@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -31,34 +31,80 @@ def seconds(value: Any) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-def _seconds_of(key: str, value: Any) -> float:
-    """``seconds(value)``, its error naming the ``[rules]`` key."""
+def _finite(value: Any) -> bool:
+    """A real number that is neither NaN nor infinite (an int too large for a float is not)."""
     try:
-        return seconds(value)
-    except ValueError as exc:
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _shown(value: Any, is_duration: bool) -> str:
+    """A value as an error shows it: durations as people write them (``45 d``, ``-1 min``)."""
+    if not _finite(value):
+        return repr(value)
+    if is_duration:
+        for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+            if abs(value) >= size and value % size == 0:
+                return f"{value / size:g} {unit}"
+        return f"{value:g} s"
+    return f"{value:g}"
+
+
+def _seconds_of(key: str, value: Any) -> float:
+    """``seconds(value)``, its error naming the ``[rules]`` key; a duration that is not finite
+    (TOML's ``inf``, ``nan``) or does not fit a float is refused here."""
+    try:
+        out = seconds(value)
+    except (ValueError, OverflowError) as exc:
         raise ValueError(f"[rules] {key}: {exc}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"[rules] {key}: {value!r} is not a duration (e.g. 90s, 15m, 6h)")
+    return out
 
 
-#: Longest duration a threshold or ``for`` takes (the raw data a window reads is kept 7 days by
-#: default; 30 days leaves room for a longer retention).
-_MAX_SECONDS = 30 * 86400.0
+def _number_of(key: str, value: Any, whole: bool) -> float | int:
+    """A threshold's number from a parsed value: finite, and whole where the threshold counts
+    (``*_polls``); its error names the key and the value as written."""
+    written = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}… ({len(repr(value))} characters)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"[rules] {key}: {written} is not a number")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise ValueError(f"[rules] {key}: {written} is too large") from None
+    if not math.isfinite(x):
+        raise ValueError(f"[rules] {key}: {value!r} is not a finite number")
+    if whole:
+        if not x.is_integer():
+            raise ValueError(f"[rules] {key}: {value!r} is not a whole number")
+        return int(x)
+    return x
 
 
-def _range_of(name: str) -> tuple[Any, str]:
-    """(test, words for the error) of a threshold, by the kind its name ends in."""
+#: Longest duration a threshold or ``for`` takes: a year (GpuMissing looks back a day by default).
+_MAX_SECONDS = 366 * 86400.0
+
+
+def _range_of(name: str) -> tuple[Callable[[float], bool], str]:
+    """(test, words for the error) of a threshold, by the kind its name ends in. The ranges
+    refuse what would silence a rule or is a unit slip (80 for 0.8), not unusual settings: a
+    ratio of 0 compared with ``<=`` means "exactly idle", a byte floor of 0 "any"."""
     if name.endswith("_min_seconds"):  # a floor under a relative limit: 0 is no floor
-        return (lambda v: 0 <= v <= _MAX_SECONDS), "not a duration from 0 s to 30 d"
+        return (lambda v: 0 <= v <= _MAX_SECONDS), "not a duration from 0 s to 366 days"
     if name.endswith("_seconds"):
-        return (lambda v: 0 < v <= _MAX_SECONDS), "not a duration above 0 s and at most 30 d"
+        return (lambda v: 0 < v <= _MAX_SECONDS), "not a duration above 0 s and at most 366 days"
     if name.endswith("_ratio"):
-        return (lambda v: 0 < v <= 1), "outside 0 < x ≤ 1 (a ratio: 0.8 is 80 %)"
+        return (lambda v: 0 <= v <= 1), "outside 0 ≤ x ≤ 1 (a ratio: 0.8 is 80 %)"
     if name.endswith("_factor"):
         return (lambda v: 1 <= v <= 1000), "outside 1 ≤ x ≤ 1000 (how many times slower)"
     if name.endswith("_celsius"):
         return (lambda v: -50 <= v <= 50), "outside −50 °C to 50 °C (a margin)"
     if name.endswith("_polls"):
         return (lambda v: 1 <= v <= 1000), "not a number of polls from 1 to 1000"
-    return (lambda v: v > 0), "not above 0"
+    if name.endswith("_bytes"):
+        return (lambda v: 0 <= v <= 2**60), "not a number of bytes from 0 to 2^60"
+    return (lambda v: 0 < v <= 1e18), "not above 0"
 
 
 @dataclass(frozen=True)
@@ -202,12 +248,12 @@ class Thresholds:
                 continue
             if f.name == "for_seconds":
                 for rule, v in value.items():
-                    if not (math.isfinite(v) and 0 <= v <= _MAX_SECONDS):
-                        raise ValueError(f"[rules] for.{rule}: {v:g} s is not a duration from 0 s to 30 d")
+                    if not (_finite(v) and 0 <= v <= _MAX_SECONDS):
+                        raise ValueError(f"[rules] for.{rule}: {_shown(v, True)} is not a duration from 0 s to 366 days")
                 continue
             ok, what = _range_of(f.name)
-            if not (math.isfinite(value) and ok(value)):
-                raise ValueError(f"[rules] {f.name}: {value:g} is {what}")
+            if not (_finite(value) and ok(value)):
+                raise ValueError(f"[rules] {f.name}: {_shown(value, f.name.endswith('_seconds'))} is {what}")
         if self.pcie_clear_ratio > self.pcie_saturation_ratio:
             raise ValueError(
                 f"[rules] pcie_clear_ratio: {self.pcie_clear_ratio:g} is above pcie_saturation_ratio "
@@ -233,23 +279,22 @@ class Thresholds:
 
             names = {r.name for r in RULES}
         kw: dict[str, Any] = {}
-        if "pcie_saturation_ratio" in values and "pcie_clear_ratio" not in values:
-            # the clearing ratio follows a saturation ratio set alone, 0.75 : 0.80 as the defaults
-            ratio = values["pcie_saturation_ratio"]
-            if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
-                kw["pcie_clear_ratio"] = min(cls.pcie_clear_ratio, ratio * cls.pcie_clear_ratio / cls.pcie_saturation_ratio)
         for key, value in values.items():
             key = "for_seconds" if key == "for" else key
             f = known.get(key)
             if f is None:
                 raise ValueError(f"[rules] {key}: unknown threshold (docs/rules.md lists them)")
             if key == "for_seconds":
+                if not isinstance(value, Mapping):
+                    raise ValueError("[rules] for: not a table of rule = duration (e.g. GpuLost = \"2m\")")
                 unknown = set(value) - names
                 if unknown:
                     raise ValueError(f"[rules] for: unknown rule {sorted(unknown)[0]}")
                 kw[key] = {k: _seconds_of(f"for.{k}", v) for k, v in value.items()}
             elif key == "disabled":
-                unknown = set(value) - names
+                if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+                    raise ValueError('[rules] disabled: not a list of rule names (e.g. ["GpuMemoryNearlyFull"])')
+                unknown = {str(v) for v in value} - names
                 if unknown:
                     raise ValueError(f"[rules] disabled: unknown rule {sorted(unknown)[0]}")
                 kw[key] = frozenset(value)
@@ -257,8 +302,10 @@ class Thresholds:
                 kw[key] = str(value)
             elif key.endswith("_seconds"):
                 kw[key] = _seconds_of(key, value)
-            elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"[rules] {key}: {value!r} is not a number")
             else:
-                kw[key] = int(value) if f.type == "int" else float(value)
+                kw[key] = _number_of(key, value, whole=f.type == "int")
+        if "pcie_saturation_ratio" in kw and "pcie_clear_ratio" not in kw and 0 < kw["pcie_saturation_ratio"] <= 1:
+            # the clearing ratio follows a saturation ratio set alone, 0.75 : 0.80 as the defaults
+            ratio = kw["pcie_saturation_ratio"]
+            kw["pcie_clear_ratio"] = min(cls.pcie_clear_ratio, ratio * cls.pcie_clear_ratio / cls.pcie_saturation_ratio)
         return cls(**kw)
