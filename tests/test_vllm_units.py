@@ -365,3 +365,24 @@ def test_an_idle_scan_skips_the_listing_only_while_no_process_was_created(monkey
     last[0] += 7
     assert [p for p in table.scan() if p.pid == os.getpid()] == []
     assert len(listings) == 4
+
+
+def test_the_last_pid_is_trusted_only_for_this_namespaces_own_proc(monkeypatch):
+    """An agent in a PID namespace of its own that lists a host's procfs (``/proc/self`` is not
+    its PID) would never see the host's forks move its namespace's counter: no shortcut there,
+    every idle scan lists the table."""
+    from vgpumon.sources.vllm import discovery
+
+    assert discovery._last_pid_usable()  # this test's own /proc
+    real_readlink = os.readlink
+    monkeypatch.setattr(discovery.os, "readlink", lambda p: "1" if p == "/proc/self" else real_readlink(p))
+    assert not discovery._last_pid_usable()
+    listings = []
+    real_pids = psutil.pids
+    monkeypatch.setattr(discovery, "_last_pid", lambda: 1000)
+    monkeypatch.setattr(discovery.psutil, "pids", lambda: listings.append(1) or real_pids())
+    table = PsutilProcessTable(full_every_s=3600)
+    table._last_pid_moves = True  # as if it had moved: still listed
+    for _ in range(3):
+        table.scan()
+    assert len(listings) == 3

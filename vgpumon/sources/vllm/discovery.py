@@ -160,6 +160,20 @@ def _last_pid() -> int | None:
     return pid or None
 
 
+def _last_pid_usable() -> bool:
+    """Whether ``/proc/loadavg``'s last PID speaks for the processes ``/proc`` lists: ``/proc``
+    is this process's own PID namespace's (its ``self`` is this PID: not a host's procfs seen
+    from inside another namespace, whose forks would not move this namespace's counter), and
+    nothing is mounted over ``/proc/loadavg`` (LXCFS serves a container's own figures there)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return False
+        with open("/proc/self/mountinfo") as f:
+            return not any(line.split()[4:5] == ["/proc/loadavg"] for line in f)
+    except OSError:
+        return False
+
+
 class PsutilProcessTable:
     """The host's process table through psutil (needs no privileges for the user's own
     processes; root sees every server).
@@ -180,7 +194,8 @@ class PsutilProcessTable:
     created since, so only the young processes' command lines are read again (an ``exec``)
     and the table is not listed. That is an idle GPU host's whole discovery cost. The shortcut
     is taken only once that PID has been seen to move (a procfs that never updates it is
-    listed every time).
+    listed every time), and only where ``/proc`` is this process's own PID namespace's and
+    nothing is mounted over ``/proc/loadavg`` (``_last_pid_usable``).
 
     Args:
         young_s: processes started less than this many seconds ago are read at every scan.
@@ -198,6 +213,7 @@ class PsutilProcessTable:
         self._last_full: float | None = None
         self._last_pid: int | None = None
         self._last_pid_moves = False
+        self._last_pid_usable = _last_pid_usable()
         self._found_none = False
 
     def _engines(self, tree: Sequence[psutil.Process]) -> tuple[int, ...]:
@@ -222,7 +238,8 @@ class PsutilProcessTable:
     def _nothing_new(self, now: float, last_pid: int | None) -> bool:
         """No process created since the previous scan, which found no server, and every young
         process still the program it was: this scan would find nothing either."""
-        if last_pid is None or not self._found_none or not self._last_pid_moves or last_pid != self._last_pid:
+        if (last_pid is None or not self._last_pid_usable or not self._found_none or not self._last_pid_moves
+                or last_pid != self._last_pid):
             return False
         young = now - self.young_s
         return all(
