@@ -1014,7 +1014,10 @@ class NvmlSource:
                 continue
             # a device read after the tick was resumed carries the time it was read
             at = ts + (time.monotonic() - state["mono"]) if state["late"] else ts
-            watch.device, watch.since = gpu.index, time.monotonic()
+            # since first: ``inflight`` reads nothing while ``device`` is None, so it never pairs
+            # this device with the previous read's start
+            watch.since = time.monotonic()
+            watch.device = gpu.index
             sample = self._read_device(gpu, at, tick, slow)
             with watch.lock:
                 given_up = watch.generation != generation
