@@ -980,7 +980,10 @@ class NvmlSource:
         return True
 
     def _unwedge(self, index: int, fn: str) -> None:
-        """The stuck call returned (on the abandoned thread): sample the device again."""
+        """The stuck call returned (on the abandoned thread): sample the device again. Its GPM pair
+        and handle, which began before the hang, are dropped while it is still marked wedged (the
+        sampling thread skips it until the mark goes, so never reads it as they are dropped)."""
+        self.backend.forget_device(index)
         began = self._wedged.pop(index, (fn, time.monotonic()))[1]
         hung = time.monotonic() - began
         gpu = next((g for g in self.gpus if g.index == index), None)
@@ -989,7 +992,6 @@ class NvmlSource:
             HostEvent(ts=self._now, kind="gpu_unwedged", subject=f"gpu:{gpu.uuid}" if gpu else f"index:{index}",
                       detail=f"{fn} returned after {hung:.1f} s")
         )
-        self.backend.forget_device(index)  # its GPM pair and handle started before the hang
 
     @property
     def wedged(self) -> bool:
