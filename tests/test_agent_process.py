@@ -201,3 +201,32 @@ def test_a_password_on_the_command_line_is_masked_in_the_agents_argv(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed interrupt, on purpose
+def test_a_stop_whose_interrupt_was_swallowed_during_start_up_still_stops_the_agent(monkeypatch, tmp_path):
+    """SIGINT/SIGTERM during start-up raises ``KeyboardInterrupt`` wherever Python is; inside a
+    weakref callback (SQLAlchemy's, as a user hit 0.7 s after start) Python prints "Exception
+    ignored" and carries on, and the agent used to replay all 76 s of its capture. The stop is
+    noted as well, and the event loop honours it at once."""
+    import asyncio
+    import weakref
+
+    from vgpumon import launch
+    from vgpumon.agent import Agent
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml_backend import ReplayBackend
+
+    monkeypatch.setattr(launch, "_stop_asked", False)
+
+    class Collected:
+        pass
+
+    thing = Collected()
+    ref = weakref.ref(thing, lambda _: launch.ask_stop(signal.SIGTERM, None))
+    del thing  # the callback raises KeyboardInterrupt, which Python ignores there
+    assert ref() is None and launch.stop_asked()
+    agent = Agent(NvmlSource(ReplayBackend(H200_CAPTURE)), None, hostname="h", paced=False, recorded_pace=True)
+    t0 = time.monotonic()
+    stats = asyncio.run(agent_main.run_until_signal(agent))
+    assert time.monotonic() - t0 < 10 and stats.ticks <= 2  # not the capture's 76 s

@@ -30,7 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
-from vgpumon.launch import caused_by_interrupt
+from vgpumon.launch import ask_stop, caused_by_interrupt, quiet_lost_interrupts, stop_asked
 from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
@@ -271,6 +271,8 @@ async def run_until_signal(agent: Any, exporter: Any = None, api: Any = None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if stop_asked():  # a stop whose KeyboardInterrupt was swallowed during start-up (a GC callback)
+        stop.set()
     if exporter is None:
         return await agent.run(stop)
     from vgpumon.exporter.server import serving
@@ -369,8 +371,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     ``vgpumon agent``'s: 0 on a clean stop (SIGINT/SIGTERM included), the error's code otherwise."""
     args = sys.argv[1:] if argv is None else argv
     # SIGTERM stops cleanly, like Ctrl-C, until the event loop takes both signals over
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, ask_stop)
+    signal.signal(signal.SIGINT, ask_stop)
+    sys.unraisablehook = quiet_lost_interrupts
     try:
         # held across the exec (exec_agent): one that came meanwhile is delivered here, as a stop
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)

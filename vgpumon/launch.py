@@ -41,6 +41,34 @@ def stops_cleanly(argv: list[str]) -> bool:
     return command_of(argv) in STOP_CLEANLY
 
 
+#: Set by ``ask_stop``: SIGINT/SIGTERM came before the agent's event loop took the signals over.
+#: The ``KeyboardInterrupt`` the handler raises is lost where Python ignores exceptions (a weakref
+#: callback such as SQLAlchemy's, a ``__del__``): the flag is not, and the loop stops at once.
+_stop_asked = False
+
+
+def ask_stop(signum: int, frame: object) -> None:
+    """Signal handler of the commands that stop cleanly, until the event loop takes over: note
+    the stop, then raise ``KeyboardInterrupt`` as Python's default SIGINT handler does."""
+    global _stop_asked
+    _stop_asked = True
+    raise KeyboardInterrupt
+
+
+def quiet_lost_interrupts(args: "sys.UnraisableHookArgs") -> None:  # type: ignore[name-defined]
+    """``sys.unraisablehook`` of the commands that stop cleanly: a ``KeyboardInterrupt`` that
+    Python cannot raise (it came inside a weakref callback or a ``__del__``) is the stop
+    ``ask_stop`` noted, not a traceback for the user; anything else is reported as usual."""
+    if isinstance(args.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(args)
+
+
+def stop_asked() -> bool:
+    """A stop signal came before the event loop took the signals over (``ask_stop``)."""
+    return _stop_asked
+
+
 def caused_by_interrupt(exc: BaseException | None) -> bool:
     """True when a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM of the agent) lies in ``exc``'s
     chain of causes and contexts.
@@ -61,14 +89,16 @@ def caused_by_interrupt(exc: BaseException | None) -> bool:
 
 def install_signal_handlers(argv: list[str]) -> None:
     """SIGTERM raises ``KeyboardInterrupt`` for the commands that stop cleanly, like Ctrl-C, until
-    the agent's event loop takes both signals over; other commands keep SIGTERM's default.
+    the agent's event loop takes both signals over, and either is noted (``stop_asked``) in case
+    the exception is lost; other commands keep SIGTERM's default.
 
     A SIGINT ignored by the parent (``vgpumon agent &`` in a script) is taken over too: the event
     loop's handler stops the agent on SIGINT later in any case, as a Go exporter's
     ``signal.Notify`` would, so it does from the first moment rather than only after start-up."""
     if stops_cleanly(argv):
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, ask_stop)
+        signal.signal(signal.SIGINT, ask_stop)
+        sys.unraisablehook = quiet_lost_interrupts
 
 
 def main() -> None:
