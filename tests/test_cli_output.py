@@ -49,6 +49,16 @@ def test_a_listing_piped_to_head_is_not_a_warning():
     assert rc == 0, err
 
 
+@pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["agent", "--help"], 0), (["db", "--help"], 0), ([], 64), (["db"], 64)],
+                         ids=["help", "agent-help", "db-help", "bare", "bare-group"])
+def test_help_piped_to_head_keeps_its_code(args, code):
+    """The help is written by rich, which exits 1 when the reader has gone; `vgpumon --help |
+    head -1` is not a failure (0), and a bare group's help keeps its 64."""
+    rc, err = _reader_gone(args)
+    assert rc == code, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_a_full_disk_is_one_line_and_exit_74(store):
     with open("/dev/full", "w") as full:

@@ -910,6 +910,34 @@ def _silence_stdout() -> None:
         pass
 
 
+def _stdout_file() -> tuple[int, int] | None:
+    """(device, inode) of what file descriptor 1 is now; ``None`` where it cannot be told."""
+    try:
+        st = os.fstat(1)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _names_no_command(argv: list[str]) -> bool:
+    """``vgpumon`` or ``vgpumon db`` alone: a group without its command (typer shows the help)."""
+    if any(a in ("--help", "-h", "--version") for a in argv):
+        return False
+    words = [a for a in argv if not a.startswith("-")]
+    groups = {g.name or (g.typer_instance.info.name if g.typer_instance else None) for g in app.registered_groups}
+    return not words or (len(words) == 1 and words[0] in groups)
+
+
+def _reader_gone(stdout_was: tuple[int, int] | None) -> bool:
+    """Rich met a closed pipe: it pointed stdout, which was something else, at /dev/null."""
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    now = _stdout_file()
+    return stdout_was is not None and now != stdout_was and now == (null.st_dev, null.st_ino)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
@@ -919,20 +947,26 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers(argv)
     interrupted = ExitCode.OK if stops_cleanly(argv) else ExitCode.INTERRUPTED
+    stdout_was = _stdout_file()
     try:
         try:
             rv = app(args=argv, prog_name="vgpumon", standalone_mode=False)
         except SystemExit as exc:
             # typer exits 1 when the reader of stdout goes away (`vgpumon rules list | head`),
-            # after wrapping stdout to pacify its last flush: not a WARNING, the output was taken
-            if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
-                sys.exit(ExitCode.OK)
+            # after wrapping stdout to pacify its last flush, and rich (the help) after pointing
+            # stdout at /dev/null: not a WARNING, the output was taken
+            if exc.code == 1 and (type(sys.stdout).__name__ == "PacifyFlushWrapper" or _reader_gone(stdout_was)):
+                # the help a bare group shows (`vgpumon | head`) answers 64, as when read whole
+                sys.exit(ExitCode.USAGE if _names_no_command(argv) else ExitCode.OK)
             raise
         if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
             rv = interrupted
     except _USAGE_ERROR as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `vgpumon`, `vgpumon db`: the help is the answer
-            exc.show()  # type: ignore[attr-defined]
+            try:
+                exc.show()  # type: ignore[attr-defined]
+            except SystemExit:  # the reader went away (`vgpumon | head -1`): the same answer
+                pass
             sys.exit(ExitCode.USAGE)
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
