@@ -107,6 +107,13 @@ CASES = [
     Case("agent-duration-words", [*AGENT, "--duration", "abc"], 64, r"'--duration': 'abc' is not a duration"),
     Case("agent-duration-zero", [*AGENT, "--duration", "0"], 64, r"'--duration': must be more than 0"),
     Case("agent-interval-zero", [*AGENT, "--interval", "0"], 64, r"--interval: must be more than 0"),
+    # alerts sent to a typo would never arrive, and nobody would be told
+    Case("alert-webhook-scheme", [*AGENT, "--alert-webhook", "ftp://x"], 64,
+         r"invalid --alert-webhook: 'ftp://x' is not an http\(s\) URL of a host"),
+    Case("alertmanager-no-scheme", [*AGENT, "--alertmanager", "notaurl"], 64,
+         r"invalid --alertmanager: 'notaurl' is not an http\(s\) URL of a host"),
+    Case("alertmanagers-env", AGENT, 64, r"invalid VGPUMON_ALERTMANAGERS: 'x' is not an http\(s\) URL",
+         {"VGPUMON_ALERTMANAGERS": "http://a:9093 x"}),
     Case("agent-interval-nan", [*AGENT, "--interval", "nan"], 64, r"--interval: 'nan' is not a duration"),
     Case("agent-interval-inf", [*AGENT, "--interval", "inf"], 64, r"--interval: 'inf' is not a duration"),
     Case("agent-interval-huge", [*AGENT, "--interval", "2d"], 64, r"--interval: must be at most 1d"),

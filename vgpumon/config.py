@@ -117,6 +117,26 @@ def normalise_vllm_url(text: str) -> str:
     return url.rstrip("/")
 
 
+def check_alert_url(text: str) -> str:
+    """Where alerts are sent (a webhook, an Alertmanager): an ``http(s)://host[:port][/path]``
+    URL, scheme written out (a typo must not become a host name that is never reached).
+
+    Raises:
+        ValueError: another scheme, no host, a bad port, spaces.
+    """
+    from urllib.parse import urlsplit
+
+    raw = text.strip()
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a URL (e.g. http://alertmanager:9093)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in raw):
+        raise ValueError(f"{raw!r} is not an http(s) URL of a host (e.g. http://alertmanager:9093)")
+    return raw
+
+
 def check_store_url(url: str) -> str:
     """A store URL as ``--db`` takes it: a SQLAlchemy URL of SQLite or Postgres, or a plain path
     of a SQLite file.
@@ -307,16 +327,20 @@ def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
+def _alert_urls(v: list[str]) -> list[str]:
+    return [check_alert_url(u) for u in v]
+
+
 class RulesSettings(_Section):
     """``[rules]``: the rule engine in the agent and in ``diagnose``, and where alerts go
     (docs/rules.md). ``[rules.thresholds]`` overrides thresholds, ``for`` durations per rule and
     disables rules by name."""
 
     enabled: bool = Field(True, description="evaluate the rules in the agent (--no-rules sets false)")
-    webhooks: Annotated[list[str], NoDecode, BeforeValidator(_split_words)] = Field(
+    webhooks: Annotated[list[str], NoDecode, BeforeValidator(_split_words), AfterValidator(_alert_urls)] = Field(
         default_factory=list, description="POST firing and resolved alerts as JSON to these URLs"
     )
-    alertmanagers: Annotated[list[str], NoDecode, BeforeValidator(_split_words)] = Field(
+    alertmanagers: Annotated[list[str], NoDecode, BeforeValidator(_split_words), AfterValidator(_alert_urls)] = Field(
         default_factory=list, description="send alerts to these Alertmanagers (base URL; API v2)"
     )
     thresholds: Annotated[dict[str, Any], AfterValidator(_check_thresholds)] = Field(
