@@ -107,6 +107,9 @@ CASES = [
     Case("agent-duration-words", [*AGENT, "--duration", "abc"], 64, r"'--duration': 'abc' is not a duration"),
     Case("agent-duration-zero", [*AGENT, "--duration", "0"], 64, r"'--duration': must be more than 0"),
     Case("agent-interval-zero", [*AGENT, "--interval", "0"], 64, r"--interval: must be more than 0"),
+    # an output file that cannot be written is an I/O error (74), not a usage one
+    Case("capacity-html-missing-dir", ["capacity", "--db", "{d}/store.db", "--html", "{d}/missing/review.html"], 74,
+         r"--html: cannot write .*missing/review\.html: No such file or directory"),
     # alerts sent to a typo would never arrive, and nobody would be told
     Case("alert-webhook-scheme", [*AGENT, "--alert-webhook", "ftp://x"], 64,
          r"invalid --alert-webhook: 'ftp://x' is not an http\(s\) URL of a host"),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 import typer
 
 from vgpumon import __version__
-from vgpumon.errors import ExitCode, StoreUnavailableError, UsageError, VgpumonError
+from vgpumon.errors import ExitCode, OutputError, StoreUnavailableError, UsageError, VgpumonError
 from vgpumon.masking import mask_secrets
 
 if TYPE_CHECKING:
@@ -825,7 +825,7 @@ def capacity(
         try:
             write_html(result, html)
         except OSError as exc:
-            raise UsageError(f"--html: cannot write {html}: {exc.strerror or exc}") from None
+            raise OutputError(f"--html: cannot write {html}: {exc.strerror or exc}") from None
     for name in result["unknown_hosts"]:
         _echo_err(f"vgpumon: {name} is not in the store (capacity reviews the hosts it holds)")
     if as_json:

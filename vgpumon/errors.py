@@ -57,6 +57,13 @@ class CaptureFormatError(VgpumonError):
     exit_code = ExitCode.DATAERR
 
 
+class OutputError(VgpumonError):
+    """A file the command was asked to write cannot be written (a missing directory, no
+    permission, a full disk): the output was not made, whatever else went right."""
+
+    exit_code = ExitCode.IOERR
+
+
 class StoreUnavailableError(VgpumonError):
     """The store (database) cannot be opened, queried or written: unreachable, timed out,
     read-only, full, of a newer schema, or holding something else. ``diagnose`` reports it as
