@@ -193,8 +193,11 @@ def test_stacks_need_the_agents_permission(tmp_path):
     with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE)) as agent:
         _, _, rep = get(agent.base + "/api/v1/diagnose?stacks=1")
         store_only = diagnose("localhost", "--db", f"sqlite:///{tmp_path / 'a.db'}", "--stacks", "--json")
+        store_text = diagnose("h200-agent", "--db", f"sqlite:///{tmp_path / 'a.db'}", "--stacks")
     assert rep["stacks_note"] == "this agent's config does not allow stacks ([api] stacks = false)"
     assert "needs the host's agent" in json.loads(store_only.stdout)["stacks_note"]
+    # the text report says so too, though it has no vLLM server to show
+    assert "stacks: --stacks needs the host's agent; this report came from the store" in store_text.stdout
 
 
 def _fake_py_spy(tmp_path: Path, message: str, code: int = 1) -> str:

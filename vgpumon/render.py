@@ -295,6 +295,8 @@ def _servers(report: dict[str, Any], out: Console) -> None:
     out.print()
     if not report["vllm"]:
         out.print(Text("vLLM servers: none seen in the look-back", style="dim"))
+        if report.get("stacks_note"):  # --stacks asked for: say why there are none
+            out.print(Text(f"stacks: {report['stacks_note']}", style="yellow"))
         return
     v = "vllm_samples"
     t = Table("server", "model", "state (since)", "prewarm (GPU activity)", "running / waiting", "KV usage", "KV fragmentation",
