@@ -215,7 +215,8 @@ RULES: tuple[Rule, ...] = (
         _saturated,
         _saturated_twin,
         Runbook(
-            "For most of the window the card moved data over PCIe at 80 % or more of its link in one direction: "
+            "For most of the window the card moved data over PCIe at its saturation ratio or more (80 % of its link by "
+            "default, `pcie_saturation_ratio`) in one direction: "
             "weight loading, KV-cache offload or host↔device copies are limited by the link, and the GPU waits. "
             "Counters read 94–96 % of the ceiling under a pure copy, protocol overhead included (FACTS §1).",
             "`vgpumon diagnose <host>` shows TX/RX mean and max per GPU against the link; `nvidia-smi dmon -s t`.",
