@@ -67,3 +67,23 @@ def test_a_full_disk_is_one_line_and_exit_74(store):
     assert out.returncode == 74
     lines = out.stderr.strip().splitlines()
     assert lines == ["vgpumon: cannot write the output: No space left on device"]
+
+
+def test_findings_that_are_all_pending_are_not_introduced_with_and():
+    """Only pending or informational findings: their line opens the section, not "and 1 …"
+    under a heading with nothing before it."""
+    import io
+
+    from vgpumon import render
+
+    buf = io.StringIO()
+    out = render.console(buf, width=120, color=False)
+    minor = {"severity": "info", "message": "pending: GPU 0 PCIe at 85 % for 2 min", "gpu": {"index": 0}}
+    render._findings({"findings": [minor]}, out)
+    lines = [l.strip() for l in buf.getvalue().splitlines() if l.strip()]
+    assert lines[0] == "Findings, most severe first"
+    assert lines[1] == "1 pending or informational:"
+    major = {**minor, "severity": "warning", "message": "PCIe saturated", "alert": "GpuPcieSaturated", "gpu": None}
+    buf.truncate(0), buf.seek(0)
+    render._findings({"findings": [major, minor]}, out)
+    assert "and 1 pending or informational:" in buf.getvalue()

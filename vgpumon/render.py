@@ -207,7 +207,8 @@ def _findings(report: dict[str, Any], out: Console) -> None:
         if f.get("runbook_url"):
             out.print(f"  runbook   {f['runbook_url']}", style="dim")
     if minor:
-        out.print(Text(f"and {len(minor)} pending or informational:", style="dim"))
+        lead = "and " if major else ""
+        out.print(Text(f"{lead}{len(minor)} pending or informational:", style="dim"))
         for f in minor:
             out.print(Text(f"  {_gpu_name(f)}: {f['message']}", style="dim"))
 
