@@ -422,8 +422,9 @@ def db_prune(
         typer.echo(json.dumps(out, indent=2))
     else:
         typer.echo(
-            f"rolled up {res.minutes_rolled_up} GPU-minutes; deleted {res.rows_deleted} rows; "
-            f"dropped {len(res.partitions_dropped)} partitions"
+            f"rolled up {res.minutes_rolled_up} GPU-minute{'' if res.minutes_rolled_up == 1 else 's'}; "
+            f"deleted {res.rows_deleted} row{'' if res.rows_deleted == 1 else 's'}; "
+            f"dropped {len(res.partitions_dropped)} partition{'' if len(res.partitions_dropped) == 1 else 's'}"
         )
 
 

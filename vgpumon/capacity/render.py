@@ -52,7 +52,7 @@ def _host(h: dict[str, Any], review: dict[str, Any], out: Console) -> None:
         head.append(f": {h['note']}", style="magenta")
         out.print(head)
         return
-    head.append(f" — {len(h['gpus'])} GPUs; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
+    head.append(f" — {len(h['gpus'])} GPU{'' if len(h['gpus']) == 1 else 's'}; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
                 f"{h['minutes']} minutes of 1-minute rollups")
     if h["saturated"]:
         head.append(f"; SATURATED: {', '.join(h['saturated'])}", style="bold red")
