@@ -53,3 +53,31 @@ def test_readers_of_a_store_at_an_older_revision_say_to_upgrade_it(tmp_path):
         assert out.returncode == code, out.stderr
         assert "schema revision 0008, older than this vgpumon reads" in out.stderr
         assert "vgpumon db upgrade" in out.stderr and "no such" not in out.stderr + out.stdout
+
+
+def test_a_first_migration_interrupted_half_way_leaves_an_empty_store(tmp_path, monkeypatch):
+    """Ctrl-C during an agent's first start, while its store is being created: SQLite committed
+    each CREATE TABLE at once, and the store was left with tables and no recorded revision
+    ("from before migrations", and `db upgrade` then said it "was empty"). The migration is one
+    transaction: nothing of it stays, and the next start creates the store whole."""
+    from alembic import command
+    from sqlalchemy import inspect
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'first.db'}")
+    real = command.upgrade
+
+    def interrupted(cfg, revision):
+        real(cfg, "0003")  # a few revisions in: tables exist inside the transaction
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "upgrade", interrupted)
+    try:
+        migrate.upgrade(engine)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the migration was not interrupted")
+    assert inspect(engine).get_table_names() == []
+    monkeypatch.setattr(command, "upgrade", real)
+    assert migrate.upgrade(engine) == (None, migrate.head_revision())
+    engine.dispose()

@@ -251,6 +251,25 @@ def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
         conn.commit()
 
 
+@contextmanager
+def _sqlite_transactional_ddl(conn: Any) -> Iterator[None]:
+    """SQLite only: make the migration one transaction, DDL included. Python's ``sqlite3`` opens
+    a transaction before INSERT/UPDATE/DELETE but not before CREATE or DROP, which so commit
+    at once: a migration interrupted half-way (Ctrl-C during a first start) left tables without
+    a recorded revision. Here the driver's own transaction handling is off and the migration
+    begins with an explicit BEGIN; commit and rollback end it as usual."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = conn.connection.dbapi_connection
+    before = raw.isolation_level
+    raw.isolation_level = None
+    try:
+        yield
+    finally:
+        raw.isolation_level = before
+
+
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     """Bring the schema to ``revision`` (idempotent; safe with many agents on one store).
 
@@ -270,7 +289,10 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
 
     _look_before_writing(engine)
     try:
-        with _sqlite_migration_lock(engine), engine.connect() as conn, _sqlite_foreign_keys_off(conn), conn.begin():
+        with (_sqlite_migration_lock(engine), engine.connect() as conn, _sqlite_foreign_keys_off(conn),
+              _sqlite_transactional_ddl(conn), conn.begin()):
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # the whole migration, DDL included, or nothing
             if conn.dialect.name == "postgresql":
                 # Held until this transaction ends: other agents wait here, then see head.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
