@@ -224,3 +224,21 @@ def test_each_way_py_spy_fails_is_one_clear_line(tmp_path):
     assert exited == {"pid": gone.pid, "error": f"process {gone.pid} has exited"}
     for r in (missing, denied, exited):
         assert "\n" not in r["error"]
+
+
+def test_diagnose_of_a_port_that_is_not_an_agent_says_so_once(tmp_path):
+    """Something else answers on the port (a web server's 404): one UNKNOWN line that names its
+    status once and asks whether that is an agent."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = diagnose(f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert out.returncode == 3
+    line = out.stdout.strip()
+    assert "refused: HTTP 404 File not found (is that port a vgpumon agent?)" in line, line
+    assert line.count("404") == 1

@@ -709,7 +709,9 @@ def _report_from_agent(settings: "Settings", host: str, port: int, since: Option
             window=format_duration(d.window), since=since, max_age=format_duration(d.max_age) if d.max_age else None, stacks=stacks,
         )
     except AgentRefused as exc:
-        rep = unknown_report(resolve_host(host, settings.agent.hostname), f"the agent at {where} refused: {exc} (HTTP {exc.status})")
+        # the agent's own word carries its status; what answered otherwise names it already
+        status = "" if str(exc).startswith("HTTP ") or exc.status == 200 else f" (HTTP {exc.status})"
+        rep = unknown_report(resolve_host(host, settings.agent.hostname), f"the agent at {where} refused: {exc}{status}")
         rep["source"] = {"kind": "refused", "where": where}
         return rep
     except AgentUnreachable as exc:
