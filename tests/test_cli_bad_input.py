@@ -110,6 +110,11 @@ CASES = [
     # an output file that cannot be written is an I/O error (74), not a usage one
     Case("capacity-html-missing-dir", ["capacity", "--db", "{d}/store.db", "--html", "{d}/missing/review.html"], 74,
          r"--html: cannot write .*missing/review\.html: No such file or directory"),
+    # an option of vgpumon itself given after the command: say where it goes
+    Case("root-option-after-command", [*AGENT, "--log-level", "info"], 64,
+         r"--log-level is an option of vgpumon itself: give it before the command \(vgpumon --log-level … agent …\)"),
+    Case("root-option-after-subcommand", ["db", "stats", "--config", "x.toml"], 64,
+         r"--config is an option of vgpumon itself: give it before the command \(vgpumon --config … db stats …\)"),
     # alerts sent to a typo would never arrive, and nobody would be told
     Case("alert-webhook-scheme", [*AGENT, "--alert-webhook", "ftp://x"], 64,
          r"invalid --alert-webhook: 'ftp://x' is not an http\(s\) URL of a host"),

@@ -922,6 +922,10 @@ def _stdout_file() -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+#: Options of ``vgpumon`` itself (before the command), as a user may misplace them after it.
+_ROOT_OPTIONS = frozenset({"--config", "--log-level", "--version"})
+
+
 def _names_no_command(argv: list[str]) -> bool:
     """``vgpumon`` or ``vgpumon db`` alone: a group without its command (typer shows the help)."""
     if any(a in ("--help", "-h", "--version") for a in argv):
@@ -973,6 +977,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(ExitCode.USAGE)
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        name = getattr(exc, "option_name", None)
+        if type(exc).__name__ == "NoSuchOption" and name in _ROOT_OPTIONS and ctx is not None and ctx.parent is not None:
+            # `vgpumon agent --log-level info`: an option of vgpumon itself, given after the command
+            print(f"vgpumon: {name} is an option of vgpumon itself: give it before the command "
+                  f"(vgpumon {name} … {ctx.command_path.partition(' ')[2]} …)", file=sys.stderr)
+            sys.exit(ExitCode.USAGE)
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}{hint}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except (typer.Abort, KeyboardInterrupt):
