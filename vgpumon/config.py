@@ -468,6 +468,15 @@ def _has(data: Any, path: tuple[Any, ...]) -> bool:
     return True
 
 
+def _get(data: Any, path: tuple[Any, ...]) -> Any:
+    """The value at ``path`` in nested dicts (``None`` where it is not)."""
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
 def _nested_env_name(path: tuple[str, ...]) -> str:
     return ENV_PREFIX + "__".join(p.upper() for p in path)
 
@@ -486,7 +495,10 @@ def _origin(path: tuple[Any, ...], flags: Flags, file: Path | None, file_data: d
         if keys[: len(target)] == target and os.environ.get(var):
             return var, False
     if file is not None and keys and _has(file_data, keys[:2]):
-        where = f"[{keys[0]}] {keys[1]}" if len(keys) >= 2 else keys[0]
+        if len(keys) >= 2 and isinstance(_get(file_data, keys[:2]), dict):  # a table: [rules.thresholds]
+            where = f"[{keys[0]}.{keys[1]}]"
+        else:
+            where = f"[{keys[0]}] {keys[1]}" if len(keys) >= 2 else keys[0]
         return f"{file}: {where}", True
     return ".".join(keys) or "settings", False
 
@@ -549,7 +561,8 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None) -
             msg = "unknown setting (see docs/configuration.md)"
         elif err["type"] not in ("value_error",) and "input" in err and not isinstance(err["input"], (dict, list)):
             msg += f" (got {mask_secrets(repr(err['input']))})"
-        raise (ConfigFileError if in_file else UsageError)(f"invalid {origin}: {mask_secrets(msg)}") from None
+        sep = " " if origin.endswith("]") else ": "  # "[rules.thresholds] key: …", "[agent] interval: …"
+        raise (ConfigFileError if in_file else UsageError)(f"invalid {origin}{sep}{mask_secrets(msg)}") from None
     except _PydanticSettingsError as exc:  # VGPUMON_<SECTION> set to something that is not JSON
         m = re.search(r'field "(\w+)"', str(exc))
         name = ENV_PREFIX + m.group(1).upper() if m else "environment"
