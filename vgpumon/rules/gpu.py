@@ -456,7 +456,7 @@ RULES: tuple[Rule, ...] = (
         "Row remapping failed on a GPU: its memory can no longer be repaired.",
         "The GPU reports a failed row remap (read {read}): it needs replacing.",
         (f"{G}.remapped_rows_failure",),
-        _latched("remapped_rows_failure", "row remapping not reported (Ampere and newer only)", bool),
+        _latched("remapped_rows_failure", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", bool),
         _remap_failure_twin,
         Runbook(
             "HBM rows with uncorrectable errors are remapped to spare rows; a failed remap means no spare was left or "
@@ -470,7 +470,7 @@ RULES: tuple[Rule, ...] = (
         "A row remap waits for a GPU reset.",
         "A row remap is pending (read {read}): the GPU runs without it until it is reset.",
         (f"{G}.remapped_rows_pending",),
-        _latched("remapped_rows_pending", "row remapping not reported (Ampere and newer only)", bool),
+        _latched("remapped_rows_pending", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", bool),
         _remap_pending_twin,
         Runbook(
             "An uncorrectable error marked a memory row for remapping; the remap takes effect at the next GPU reset.",
@@ -483,7 +483,7 @@ RULES: tuple[Rule, ...] = (
         "A GPU has remapped many rows after uncorrectable errors.",
         "{value} rows remapped after uncorrectable errors (≥ 512, DCGM's warning level; read {read}).",
         (f"{G}.remapped_rows_uncorrectable_total",),
-        _latched("remapped_rows_uncorrectable_total", "row remapping not reported (Ampere and newer only)", lambda v: v >= 512),
+        _latched("remapped_rows_uncorrectable_total", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", lambda v: v >= 512),
         _remapped_high_twin,
         Runbook(
             "Each uncorrectable memory error uses a spare row; at 512 DCGM warns that the spares are running out.",
