@@ -461,11 +461,7 @@ def _leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tu
 
 
 def _has(data: Any, path: tuple[Any, ...]) -> bool:
-    for key in path:
-        if not isinstance(data, dict) or key not in data:
-            return False
-        data = data[key]
-    return True
+    return _get(data, path) is not None  # TOML has no null: a key present has a value
 
 
 def _get(data: Any, path: tuple[Any, ...]) -> Any:
