@@ -374,6 +374,8 @@ def test_the_agent_stops_cleanly_on_a_signal_at_any_moment(tmp_path, sig, after)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    # it says what it did: its summary, or that it stopped before a tick
+    assert "vgpumon agent: " in err and ("ticks of" in err or "stopped while starting, before the first tick" in err), err
 
 
 @pytest.mark.skipif(SCRIPT is None, reason="the vgpumon console script is not installed (pip install -e .)")

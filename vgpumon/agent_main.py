@@ -386,13 +386,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
         plan = _read_plan(int(args[1]))
         setup_logging(plan["log_level"])
         code = run(plan)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the event loop took the signals over: no tick yet
+        print("vgpumon agent: stopped while starting, before the first tick", file=sys.stderr)
         sys.exit(ExitCode.OK)
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # a stop that landed inside an import's class creation
+            print("vgpumon agent: stopped while starting, before the first tick", file=sys.stderr)
             sys.exit(ExitCode.OK)
         exit_internal_error()
     sys.exit(int(code))

@@ -949,7 +949,7 @@ def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
     commands that stop cleanly on it (``vgpumon.launch``)."""
-    from vgpumon.launch import caused_by_interrupt, install_signal_handlers, stops_cleanly
+    from vgpumon.launch import caused_by_interrupt, install_signal_handlers, say_stopped_while_starting, stops_cleanly
 
     argv = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers(argv)
@@ -967,6 +967,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(ExitCode.USAGE if _names_no_command(argv) else ExitCode.OK)
             raise
         if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
+            say_stopped_while_starting(argv)
             rv = interrupted
     except _USAGE_ERROR as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `vgpumon`, `vgpumon db`: the help is the answer
@@ -986,6 +987,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}{hint}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except (typer.Abort, KeyboardInterrupt):
+        say_stopped_while_starting(argv)  # the agent's loop handles a stop once it runs: this is before
         sys.exit(interrupted)
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(_one_line(str(exc)))}", file=sys.stderr)
@@ -1004,6 +1006,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.USAGE)
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # Ctrl-C inside an import's class creation (Python 3.11)
+            say_stopped_while_starting(argv)
             sys.exit(interrupted)
         from vgpumon.agent_main import exit_internal_error
 

@@ -64,6 +64,14 @@ def quiet_lost_interrupts(args: "sys.UnraisableHookArgs") -> None:  # type: igno
     sys.__unraisablehook__(args)
 
 
+def say_stopped_while_starting(argv: list[str]) -> None:
+    """One line on stderr for an agent or recorder stopped before it took a tick: it ends
+    without its summary line otherwise, and the user cannot tell that it ran at all."""
+    command = command_of(argv)
+    if command in STOP_CLEANLY:
+        print(f"vgpumon {command}: stopped while starting, before the first tick", file=sys.stderr)
+
+
 def stop_asked() -> bool:
     """A stop signal came before the event loop took the signals over (``ask_stop``)."""
     return _stop_asked
@@ -109,10 +117,12 @@ def main() -> None:
     install_signal_handlers(argv)
     try:
         from vgpumon.cli import main as cli_main
-    except KeyboardInterrupt:
-        sys.exit(0 if stops_cleanly(argv) else 130)
     except Exception as exc:
-        if caused_by_interrupt(exc):
-            sys.exit(0 if stops_cleanly(argv) else 130)
-        raise
+        if not caused_by_interrupt(exc):
+            raise
+        say_stopped_while_starting(argv)
+        sys.exit(0 if stops_cleanly(argv) else 130)
+    except KeyboardInterrupt:
+        say_stopped_while_starting(argv)
+        sys.exit(0 if stops_cleanly(argv) else 130)
     cli_main(argv)
