@@ -65,7 +65,7 @@ DbOption = Annotated[
     ),
 ]
 RawRetentionOption = Annotated[
-    Optional[str], typer.Option("--raw-retention", help="How long raw per-tick rows are kept (default 72h; setting store.raw_retention).")
+    Optional[str], typer.Option("--raw-retention", help="How long raw per-tick rows are kept (default 3d; setting store.raw_retention).")
 ]
 RollupRetentionOption = Annotated[
     Optional[str], typer.Option("--rollup-retention", help="How long 1-minute rollups are kept (default 90d; setting store.rollup_retention).")
