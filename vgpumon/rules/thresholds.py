@@ -1,5 +1,5 @@
 """Thresholds of the rules: one typed dataclass with defaults, loadable from a plain mapping (the
-``[rules]`` section of the settings file plugs in here: ``Thresholds.from_mapping(settings)``).
+``[rules.thresholds]`` table of the settings file plugs in here: ``Thresholds.from_mapping(settings)``).
 
 Every default cites where it comes from. Units are base units (seconds, bytes, ratio 0–1,
 celsius); durations may also be written as strings (``"5m"``, ``"6h"``, ``"90s"``, ``"2d"``).
@@ -52,14 +52,14 @@ def _shown(value: Any, is_duration: bool) -> str:
 
 
 def _seconds_of(key: str, value: Any) -> float:
-    """``seconds(value)``, its error naming the ``[rules]`` key; a duration that is not finite
+    """``seconds(value)``, its error naming the key; a duration that is not finite
     (TOML's ``inf``, ``nan``) or does not fit a float is refused here."""
     try:
         out = seconds(value)
     except (ValueError, OverflowError) as exc:
-        raise ValueError(f"[rules] {key}: {exc}") from None
+        raise ValueError(f"{key}: {exc}") from None
     if not math.isfinite(out):
-        raise ValueError(f"[rules] {key}: {value!r} is not a duration (e.g. 90s, 15m, 6h)")
+        raise ValueError(f"{key}: {value!r} is not a duration (e.g. 90s, 15m, 6h)")
     return out
 
 
@@ -68,16 +68,16 @@ def _number_of(key: str, value: Any, whole: bool) -> float | int:
     (``*_polls``); its error names the key and the value as written."""
     written = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}… ({len(repr(value))} characters)"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"[rules] {key}: {written} is not a number")
+        raise ValueError(f"{key}: {written} is not a number")
     try:
         x = float(value)
     except OverflowError:
-        raise ValueError(f"[rules] {key}: {written} is too large") from None
+        raise ValueError(f"{key}: {written} is too large") from None
     if not math.isfinite(x):
-        raise ValueError(f"[rules] {key}: {value!r} is not a finite number")
+        raise ValueError(f"{key}: {value!r} is not a finite number")
     if whole:
         if not x.is_integer():
-            raise ValueError(f"[rules] {key}: {value!r} is not a whole number")
+            raise ValueError(f"{key}: {value!r} is not a whole number")
         return int(x)
     return x
 
@@ -109,7 +109,7 @@ def _range_of(name: str) -> tuple[Callable[[float], bool], str]:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What the rules compare with. Field names are the keys of the ``[rules]`` settings section
+    """What the rules compare with. Field names are the keys of the ``[rules.thresholds]`` settings table
     (docs/rules.md lists them with their rule).
 
     Attributes (by rule):
@@ -240,7 +240,7 @@ class Thresholds:
         ``pcie_saturation_ratio = 80``, would silence its rule without a word).
 
         Raises:
-            ValueError: ``[rules] <key>: <value> …`` naming the range.
+            ValueError: ``<key>: <value> …`` naming the range.
         """
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -249,21 +249,21 @@ class Thresholds:
             if f.name == "for_seconds":
                 for rule, v in value.items():
                     if not (_finite(v) and 0 <= v <= _MAX_SECONDS):
-                        raise ValueError(f"[rules] for.{rule}: {_shown(v, True)} is not a duration from 0 s to 366 days")
+                        raise ValueError(f"for.{rule}: {_shown(v, True)} is not a duration from 0 s to 366 days")
                 continue
             ok, what = _range_of(f.name)
             if not (_finite(value) and ok(value)):
-                raise ValueError(f"[rules] {f.name}: {_shown(value, f.name.endswith('_seconds'))} is {what}")
+                raise ValueError(f"{f.name}: {_shown(value, f.name.endswith('_seconds'))} is {what}")
         if self.pcie_clear_ratio > self.pcie_saturation_ratio:
             raise ValueError(
-                f"[rules] pcie_clear_ratio: {self.pcie_clear_ratio:g} is above pcie_saturation_ratio "
+                f"pcie_clear_ratio: {self.pcie_clear_ratio:g} is above pcie_saturation_ratio "
                 f"({self.pcie_saturation_ratio:g}); an alert clears below the ratio it fires at"
             )
 
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Thresholds":
-        """Thresholds from a plain mapping (a parsed ``[rules]`` section): unnamed keys keep their
+        """Thresholds from a plain mapping (a parsed ``[rules.thresholds]`` table): unnamed keys keep their
         defaults; durations (``*_seconds``) may be strings like ``"5m"``; ``for`` (or
         ``for_seconds``) maps rule names to durations; ``disabled`` lists rule names.
 
@@ -283,20 +283,20 @@ class Thresholds:
             key = "for_seconds" if key == "for" else key
             f = known.get(key)
             if f is None:
-                raise ValueError(f"[rules] {key}: unknown threshold (docs/rules.md lists them)")
+                raise ValueError(f"{key}: unknown threshold (docs/rules.md lists them)")
             if key == "for_seconds":
                 if not isinstance(value, Mapping):
-                    raise ValueError("[rules] for: not a table of rule = duration (e.g. GpuLost = \"2m\")")
+                    raise ValueError("for: not a table of rule = duration (e.g. GpuLost = \"2m\")")
                 unknown = set(value) - names
                 if unknown:
-                    raise ValueError(f"[rules] for: unknown rule {sorted(unknown)[0]}")
+                    raise ValueError(f"for: unknown rule {sorted(unknown)[0]}")
                 kw[key] = {k: _seconds_of(f"for.{k}", v) for k, v in value.items()}
             elif key == "disabled":
                 if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
-                    raise ValueError('[rules] disabled: not a list of rule names (e.g. ["GpuMemoryNearlyFull"])')
+                    raise ValueError('disabled: not a list of rule names (e.g. ["GpuMemoryNearlyFull"])')
                 unknown = {str(v) for v in value} - names
                 if unknown:
-                    raise ValueError(f"[rules] disabled: unknown rule {sorted(unknown)[0]}")
+                    raise ValueError(f"disabled: unknown rule {sorted(unknown)[0]}")
                 kw[key] = frozenset(value)
             elif key == "runbook_base_url":
                 kw[key] = str(value)
