@@ -111,9 +111,8 @@ class HostView:
 
     def down_since(self) -> dict[int, float]:
         """Per GPU unreadable at ``at``, since when it has been (``Store.down_since``)."""
-        ids = [g.id for g in self.gpus]
-        newest = {gid: (row["ts"], row["up"]) for gid, row in self.latest(("up",)).items()}
-        return self._memo("down_since", lambda: self.store.down_since(ids, self.at, newest=newest))
+        return self._memo("down_since", lambda: self.store.down_since(
+            {gid: (row["ts"], row["up"]) for gid, row in self.latest(("up",)).items()}, self.at))
 
     def percentiles(self, gpu_id: int, seconds: float, columns: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[float, float | None]]:
         """Percentiles of raw values of one GPU over ``[at − seconds, at]`` (linear

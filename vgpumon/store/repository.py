@@ -951,36 +951,30 @@ class Store:
             raise self._fail(exc) from None
         return out
 
-    def down_since(self, gpu_ids: Sequence[int], at: float, newest: Mapping[int, tuple[float, Any]] | None = None) -> dict[int, float]:
+    def down_since(self, newest: Mapping[int, tuple[float, Any]], at: float) -> dict[int, float]:
         """For each GPU whose newest row at or before ``at`` is unreadable (``up`` false), the
         time of the first unreadable row since its newest readable one: how long it has been
         down now. GPUs readable at ``at``, or without rows, are absent.
 
-        Two primary-key seeks per GPU that is down (newest readable row, then the row after
-        it); a GPU that is up costs one, or none when ``newest`` is given.
-
         Args:
-            newest: where the caller has read them already (``latest(ids, ("up",), until=at)``),
-                each GPU's newest ``(ts, up)`` at or before ``at``; GPUs absent from it have no row.
+            newest: each GPU's newest ``(ts, up)`` at or before ``at``, as ``latest(ids, ("up",),
+                until=at)`` reads it (``HostView`` reads it once for every rule); GPUs absent
+                from it have no row.
+
+        Two primary-key seeks per GPU that is down (newest readable row, then the row after it);
+        none while every GPU is readable.
 
         Returns:
             ``gpu_id`` → epoch seconds.
         """
         c = _SAMPLES.c
         out: dict[int, float] = {}
-        if newest is not None and all(bool(newest[g][1]) for g in gpu_ids if g in newest):
-            return out  # every GPU readable (the usual case): nothing to read
+        down = [gid for gid, (_, up) in newest.items() if not up]
+        if not down:
+            return out
         try:
             with self.engine.connect() as conn:
-                for gid in gpu_ids:
-                    if newest is not None:
-                        last = newest.get(gid)
-                    else:
-                        last = conn.execute(
-                            select(c.ts, c.up).where(and_(c.gpu_id == gid, c.ts <= at)).order_by(c.ts.desc()).limit(1)
-                        ).first()
-                    if last is None or last[1]:
-                        continue
+                for gid in down:
                     last_up = conn.scalar(
                         select(c.ts).where(and_(c.gpu_id == gid, c.ts <= at, c.up)).order_by(c.ts.desc()).limit(1)
                     )
