@@ -30,7 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
-from vgpumon.launch import ask_stop, caused_by_interrupt, quiet_lost_interrupts, stop_asked
+from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, quiet_lost_interrupts, stop_asked
 from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
@@ -387,15 +387,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
         setup_logging(plan["log_level"])
         code = run(plan)
     except KeyboardInterrupt:  # before the event loop took the signals over: no tick yet
-        print("vgpumon agent: stopped while starting, before the first tick", file=sys.stderr)
-        sys.exit(ExitCode.OK)
+        exit_interrupted(["agent"])
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # a stop that landed inside an import's class creation
-            print("vgpumon agent: stopped while starting, before the first tick", file=sys.stderr)
-            sys.exit(ExitCode.OK)
+            exit_interrupted(["agent"])
         exit_internal_error()
     sys.exit(int(code))
 

@@ -922,10 +922,6 @@ def _stdout_file() -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-#: Options of ``vgpumon`` itself (before the command), as a user may misplace them after it.
-_ROOT_OPTIONS = frozenset({"--config", "--log-level", "--version"})
-
-
 def _names_no_command(argv: list[str]) -> bool:
     """``vgpumon`` or ``vgpumon db`` alone: a group without its command (typer shows the help)."""
     if any(a in ("--help", "-h", "--version") for a in argv):
@@ -949,11 +945,10 @@ def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
     commands that stop cleanly on it (``vgpumon.launch``)."""
-    from vgpumon.launch import caused_by_interrupt, install_signal_handlers, say_stopped_while_starting, stops_cleanly
+    from vgpumon.launch import ROOT_OPTIONS, caused_by_interrupt, exit_interrupted, install_signal_handlers
 
     argv = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers(argv)
-    interrupted = ExitCode.OK if stops_cleanly(argv) else ExitCode.INTERRUPTED
     stdout_was = _stdout_file()
     try:
         try:
@@ -967,8 +962,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(ExitCode.USAGE if _names_no_command(argv) else ExitCode.OK)
             raise
         if rv == ExitCode.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130)
-            say_stopped_while_starting(argv)
-            rv = interrupted
+            exit_interrupted(argv)
     except _USAGE_ERROR as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `vgpumon`, `vgpumon db`: the help is the answer
             try:
@@ -979,16 +973,15 @@ def main(argv: list[str] | None = None) -> None:
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         name = getattr(exc, "option_name", None)
-        if type(exc).__name__ == "NoSuchOption" and name in _ROOT_OPTIONS and ctx is not None and ctx.parent is not None:
+        if type(exc).__name__ == "NoSuchOption" and name in ROOT_OPTIONS and ctx is not None and ctx.parent is not None:
             # `vgpumon agent --log-level info`: an option of vgpumon itself, given after the command
             print(f"vgpumon: {name} is an option of vgpumon itself: give it before the command "
                   f"(vgpumon {name} … {ctx.command_path.partition(' ')[2]} …)", file=sys.stderr)
             sys.exit(ExitCode.USAGE)
         print(f"vgpumon: {mask_secrets(_one_line(exc.format_message()))}{hint}", file=sys.stderr)  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
-    except (typer.Abort, KeyboardInterrupt):
-        say_stopped_while_starting(argv)  # the agent's loop handles a stop once it runs: this is before
-        sys.exit(interrupted)
+    except (typer.Abort, KeyboardInterrupt):  # the agent's loop handles a stop once it runs: this is before
+        exit_interrupted(argv)
     except VgpumonError as exc:
         print(f"vgpumon: {mask_secrets(_one_line(str(exc)))}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -1006,8 +999,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.USAGE)
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # Ctrl-C inside an import's class creation (Python 3.11)
-            say_stopped_while_starting(argv)
-            sys.exit(interrupted)
+            exit_interrupted(argv)
         from vgpumon.agent_main import exit_internal_error
 
         exit_internal_error()

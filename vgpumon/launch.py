@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import NoReturn
 
 #: Commands that stop cleanly on SIGINT/SIGTERM (exit 0): they sample until told to stop.
 STOP_CLEANLY = frozenset({"agent", "record"})
@@ -20,6 +21,8 @@ STOP_CLEANLY = frozenset({"agent", "record"})
 exec_allowed = False
 #: Root options that take a value (so that the value is not read as the command name).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--config", "--log-level"})
+#: Every option of ``vgpumon`` itself (given before the command).
+ROOT_OPTIONS = _ROOT_OPTIONS_WITH_VALUE | {"--version"}
 
 
 def command_of(argv: list[str]) -> str | None:
@@ -72,6 +75,13 @@ def say_stopped_while_starting(argv: list[str]) -> None:
         print(f"vgpumon {command}: stopped while starting, before the first tick", file=sys.stderr)
 
 
+def exit_interrupted(argv: list[str]) -> NoReturn:
+    """The end of a run stopped before its command got going: 0 for the commands that stop
+    cleanly (saying so), 130 for the others."""
+    say_stopped_while_starting(argv)
+    sys.exit(0 if stops_cleanly(argv) else 130)
+
+
 def stop_asked() -> bool:
     """A stop signal came before the event loop took the signals over (``ask_stop``)."""
     return _stop_asked
@@ -120,9 +130,7 @@ def main() -> None:
     except Exception as exc:
         if not caused_by_interrupt(exc):
             raise
-        say_stopped_while_starting(argv)
-        sys.exit(0 if stops_cleanly(argv) else 130)
+        exit_interrupted(argv)
     except KeyboardInterrupt:
-        say_stopped_while_starting(argv)
-        sys.exit(0 if stops_cleanly(argv) else 130)
+        exit_interrupted(argv)
     cli_main(argv)
