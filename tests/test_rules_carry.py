@@ -54,11 +54,16 @@ def _truth(store: Store, ids: list[int], at: float) -> dict[int, dict[str, tuple
     return out
 
 
+def _open(url: str) -> tuple[Store, list[int], float]:
+    """The store, its host's GPU ids and the newest tick's time."""
+    store = Store(url)
+    ids = [g.id for g in store.gpus_of("h")]
+    return store, ids, store.newest_ts(ids)
+
+
 def test_carried_values_are_the_newest_stored_at_every_evaluation(stored):
-    store = Store(stored)
+    store, ids, newest = _open(stored)
     try:
-        ids = [g.id for g in store.gpus_of("h")]
-        newest = store.newest_ts(ids)
         carry = CarriedValues()
         at = newest - 14 * 60.0
         compared, moved = 0, {c: 0 for c in LAST_READ}
@@ -80,10 +85,8 @@ def test_carried_values_are_the_newest_stored_at_every_evaluation(stored):
 
 
 def test_a_row_stored_after_the_read_is_found_and_time_going_back_reads_again(stored):
-    store = Store(stored)
+    store, ids, newest = _open(stored)
     try:
-        ids = [g.id for g in store.gpus_of("h")]
-        newest = store.newest_ts(ids)
         carry = CarriedValues()
         first = carry.read(store, ids, newest - 60.0, ("memory_used_bytes",))
         # a later evaluation reads rows since the previous one only (and its overlap)
