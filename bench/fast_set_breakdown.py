@@ -39,12 +39,14 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gap", type=float, default=2.0, help="ms between ticks in the paused runs")
-    ap.add_argument("--fake-gpus", type=int, default=0)
+    ap.add_argument("--fake-gpus", type=int, default=0, help="no GPU here: N stand-in GPUs (never a figure for the docs)")
+    ap.add_argument("--c-fake", action="store_true", help="with --fake-gpus: the fast-set calls answered from C")
     args = ap.parse_args()
     if args.fake_gpus:
+        import fake_fastset
         import fake_nvml
 
-        fake_nvml.install(args.fake_gpus)
+        (fake_fastset if args.c_fake else fake_nvml).install(args.fake_gpus)
     import pynvml as nv
 
     from nvml_cost import bare_tick

@@ -175,12 +175,16 @@ def main() -> None:
     ap.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                     help="no GPU here: put bench/fake_nvml.py under nvidia-ml-py with N GPUs and compare the "
                          "Python side only (vgpumon vs bare); never a figure for the docs")
+    ap.add_argument("--c-fake", action="store_true",
+                    help="with --fake-gpus: answer the fast-set calls from C (bench/fake_fastset.c), so a "
+                         "sample costs its Python and ctypes side only")
     args = ap.parse_args()
     if args.fake_gpus:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import fake_fastset
         import fake_nvml
 
-        fake_nvml.install(args.fake_gpus)
+        (fake_fastset if args.c_fake else fake_nvml).install(args.fake_gpus)
         results = {
             "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
             "bare pynvml, same calls": time_bare_pynvml(args.ticks),
