@@ -115,10 +115,17 @@ def test_a_stop_during_a_wedge_ends_a_paced_run_within_the_deadline(tmp_path, st
 
     async def main() -> float:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.call_later(1.1, stop.set)  # tick 2 began at 1.0 s: its call hangs
+
+        async def stop_in_the_hang() -> None:  # tick 2's call on GPU 1 hangs; stop 0.1 s into it
+            while (source.inflight() or (None, ""))[:2] != (1, "nvmlDeviceGetPowerUsage"):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            stop.set()
+
+        stopper = asyncio.ensure_future(stop_in_the_hang())
         await agent.run(stop)
-        return loop.time()
+        stopper.cancel()
+        return asyncio.get_running_loop().time()
 
     t0 = time.monotonic()
     try:
