@@ -72,6 +72,7 @@ def main() -> int:
                 same = got[0] == "n/a" or strip(got) == strip(want)
                 bad += not same
                 print(f"GPU {index} {fn}{args}: {'same' if same else 'DIFFERENT'}  fast={got}  nvidia-ml-py={want}")
+        bad += arena(backend, nv)
     finally:
         backend.shutdown()
     bad += paths()
@@ -79,15 +80,58 @@ def main() -> int:
     return 1 if bad else 0
 
 
+def arena(backend, nv) -> int:
+    """The straight-line path's one-buffer read (``nvml_fast.Parts.read``) against nvidia-ml-py:
+    each value that does not move between two reads, read both ways back to back."""
+    import ctypes
+
+    from vgpumon.sources.nvml import _FAST_CALLS
+
+    bad = 0
+    for index in range(nv.nvmlDeviceGetCount()):
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        parts = backend.fast_parts(index, _FAST_CALLS)
+        h = parts.handle
+        rets = {"memory": parts.memory[0](h, parts.memory[1]), "utilization": parts.utilization[0](h, parts.utilization[1])}
+        entry = parts.field_values[2]
+        entry[0].fieldId = 82
+        rets["field_value"] = parts.field_values[0](h, ctypes.c_int32(1), entry)
+        for (fn, args), (cfn, ref, _) in parts.scalars.items():
+            rets[(fn, args)] = cfn(h, *args, ref)
+        raw, at = parts.read(), parts.at
+        mem = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+        util = nv.nvmlDeviceGetUtilizationRates(handle)
+        fv = nv.nvmlDeviceGetFieldValues(handle, [82])[0]
+        checks = [("memory.total", mem.total), ("memory.reserved", mem.reserved),
+                  ("utilization.memory", util.memory), ("field_value.valueType", fv.valueType),
+                  ("field_value.nvmlReturn", fv.nvmlReturn)]
+        if fv.valueType == 1:
+            checks.append(("field_value.uiVal", fv.value.uiVal))
+        for (fn, args) in parts.scalars:
+            if rets[(fn, args)]:
+                continue  # not supported here: nothing to compare
+            if fn in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo"):
+                continue  # they move between two reads
+            checks.append(((fn, args), getattr(nv, fn)(handle, *args)))
+        for name, want in checks:
+            got = raw[at[name]]
+            same = got == want
+            bad += not same
+            print(f"GPU {index} arena {name}: {'same' if same else 'DIFFERENT'}  fast={got}  nvidia-ml-py={want}")
+    return bad
+
+
 STILL = ("memory_total_bytes", "performance_state", "pcie_link_gen_current", "pcie_link_width_current", "activity_source")
-#: Read by GPM, the same code on both paths. Ticks 50 ms apart also make the H200 answer NaN for
-#: DRAM_BW_UTIL on every second read (the door refuses it), whichever path reads: not compared.
+#: Read by GPM, whose figures move between two ticks. Ticks 50 ms apart also make the H200 answer
+#: NaN for DRAM_BW_UTIL on every second read (the door refuses it), whichever path reads: their
+#: presence and reasons are not compared either.
 GPM_FIELDS = ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio",
               "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
 
 
 def paths(pairs: int = 10) -> int:
     """Ticks alternately through the straight-line and the general path; differences counted."""
+    import dataclasses
     import time
 
     from vgpumon.sources.nvml import NvmlSource
@@ -106,8 +150,9 @@ def paths(pairs: int = 10) -> int:
                 time.sleep(0.05)
             for a, b in zip(got[True], got[False]):
                 skip = ("ts", "missing", *GPM_FIELDS)
-                da = {f: getattr(a, f) for f in a.__slots__ if f not in skip}
-                db = {f: getattr(b, f) for f in b.__slots__ if f not in skip}
+                names = [f.name for f in dataclasses.fields(a) if f.name not in skip]
+                da = {f: getattr(a, f) for f in names}
+                db = {f: getattr(b, f) for f in names}
                 present = {f for f, x in da.items() if x is not None} ^ {f for f, x in db.items() if x is not None}
                 still = [f for f in STILL if da[f] != db[f]]
                 pids = [p for p, _ in a.processes] != [p for p, _ in b.processes]

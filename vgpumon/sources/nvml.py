@@ -396,6 +396,9 @@ _FAST_SCALARS: tuple[tuple[str, str, tuple[Any, ...], float], ...] = (
     ("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", (), 1.0),
     ("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth", (), 1.0),
 )
+_PSTATE_CALL = ("nvmlDeviceGetPerformanceState", ())
+#: every plain-getter call of the straight-line path, as ``(function, args)``
+_FAST_CALLS = (*((fn, args) for _, fn, args, _ in _FAST_SCALARS), _PSTATE_CALL)
 
 
 def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]) -> None:
@@ -422,21 +425,26 @@ def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]
 
 class _FastPath:
     """One device's fast set in straight-line code, for the live backend: the calls
-    ``NvmlSource._sample_device`` makes (GPM aside), through the device's own C functions and
+    ``NvmlSource._sample_device`` makes, GPM included, through the device's own C functions and
     out-structs (``nvml_fast.Parts``), with the door's common path (a plain number inside its
     field's range, not a sentinel) inline and every constant worked out once.
 
-    Nothing unusual is handled here: a call that answers an error goes to the general path for
-    that call (which asks it again and decides: not supported, lifecycle, a reason), a value
-    outside its field's range to ``_Reader.put`` (which decides, counts and says why). So its
-    answers are the general path's, at a fraction of the Python per value (docs/benchmarks.md,
+    The calls are made first, each with its arguments built once; every raw answer but the
+    process list and GPM's lies in one buffer and is read in one ``unpack_from``; then each
+    answer is admitted in the general path's order. Nothing unusual is handled here: a call that
+    answered an error goes to the general path for that call (which asks it again and decides:
+    not supported, lifecycle, a reason), a value outside its field's range to ``_Reader.put``
+    (which decides, counts and says why). So its answers are the general path's
+    (tests/test_nvml_fast_path.py), at a fraction of the Python per value (docs/benchmarks.md,
     "Agent footprint"). Built per device; rebuilt when the device's "not supported" cache or
     reader changes.
     """
 
-    def __init__(self, source: "NvmlSource", r: _Reader, gpu: GpuIdentity, parts: Any) -> None:
+    def __init__(self, source: "NvmlSource", r: _Reader, gpu: GpuIdentity, parts: Any, gpm: Any) -> None:
         self.source, self.r, self.gpu, self.parts = source, r, gpu, parts
-        spec = r.spec
+        spec, at, h = r.spec, parts.at, parts.handle
+        #: ``backend.gpm_flat`` for a GPM device, else ``None``
+        self.gpm = gpm
 
         def kind(field: str, scale: float) -> tuple[float, float, int]:
             """(lo, hi, how to admit): 0 the raw int, 1 float(x), 2 bool(x), 3 ``_Reader.put``."""
@@ -444,21 +452,46 @@ class _FastPath:
             how = 2 if flag else (0 if scale == 1.0 else 3) if integral else 1
             return lo, hi, how
 
-        self.scalars: list[tuple[Any, ...]] = []
-        for field, fn, args, scale in _FAST_SCALARS:
-            if (fn, args, ()) in r.unsupported:  # answered "not supported": not asked, as q does
-                self.scalars.append((field, fn, args, scale, None, None, None, 0.0, 0.0, 3))
-                continue
-            cfn, ref, out = parts.scalars[fn]
-            self.scalars.append((field, fn, args, scale, cfn, ref, out, *kind(field, scale)))
-        self.pstate = (*parts.scalars["nvmlDeviceGetPerformanceState"], *kind("performance_state", 1.0))
+        cfn, ref, _ = parts.memory
+        head = [("nvmlDeviceGetMemoryInfo", cfn, (h, ref))]
+        cfn, ref, _ = parts.utilization
+        head.append(("nvmlDeviceGetUtilizationRates", cfn, (h, ref)))
+        #: (function, C function, arguments) of each call before GPM and after it
+        self.head_calls = tuple(head)
+        tail = []
         self.memtemp_unsupported = ("nvmlDeviceGetFieldValues", ((NVML_FI_DEV_MEMORY_TEMP,),), ()) in r.unsupported
-        fv_cfn, fv_type = parts.field_values
-        self.fv = (fv_cfn, (fv_type * 1)(), ctypes.c_int32(1))
-        self.fv[1][0].fieldId = NVML_FI_DEV_MEMORY_TEMP
+        if not self.memtemp_unsupported:
+            cfn, _, entry = parts.field_values
+            entry[0].fieldId = NVML_FI_DEV_MEMORY_TEMP
+            tail.append(("nvmlDeviceGetFieldValues", cfn, (h, ctypes.c_int32(1), entry)))
+        self.fv_entry = parts.field_values[2]
+        #: admission of each plain getter, in call order: (field, fn, args, scale, place in the
+        #: raw answers, lo, hi, how); a getter answered "not supported" is not asked (as ``q``)
+        self.scalars: list[tuple[Any, ...]] = []
+        self.unsupported: list[str] = []
+        for field, fn, args, scale in _FAST_SCALARS:
+            if (fn, args, ()) in r.unsupported:
+                self.unsupported.append(field)
+                continue
+            cfn, ref, _ = parts.scalars[(fn, args)]
+            tail.append((fn, cfn, (h, *args, ref)))
+            self.scalars.append((field, fn, args, scale, at[(fn, args)], *kind(field, scale)))
+        cfn, ref, _ = parts.scalars[_PSTATE_CALL]
+        tail.append(("nvmlDeviceGetPerformanceState", cfn, (h, ref)))
+        self.tail_calls = tuple(tail)
+        self.at = tuple(at[k] for k in (
+            "memory.total", "memory.reserved", "memory.used", "utilization.gpu", "utilization.memory",
+            "field_value.valueType", "field_value.nvmlReturn", "field_value.uiVal", _PSTATE_CALL,
+        ))
+        self.pstate = kind("performance_state", 1.0)
         self.memtemp = kind("memory_temperature_celsius", 1.0)
         self.util = kind("utilization_gpu_ratio", 0.01)
         self.mem = kind("memory_used_bytes", 1.0)
+        #: GPM admission: (metric's place in the flat answer, field, scale, lo, hi, PCIe?)
+        self.gpm_plan = tuple(
+            (2 * i, _GPM_FIELDS[m], _MIB if m in _GPM_PCIE else 0.01, *spec[_GPM_FIELDS[m]][:2], m in _GPM_PCIE)
+            for i, m in enumerate(GPM_METRICS)
+        )
 
     @staticmethod
     def build(source: "NvmlSource", r: _Reader, gpu: GpuIdentity) -> "_FastPath | None":
@@ -469,37 +502,56 @@ class _FastPath:
         if parts_of is None or source._mem_api.get(gpu.index) != "v2" or r.watch is None:
             return None
         try:
-            parts = parts_of(gpu.index)
+            parts = parts_of(gpu.index, _FAST_CALLS)
         except NvmlCallError:
             return None
         if parts is None or None in (parts.memory, parts.utilization, parts.field_values, parts.processes):
             return None
-        if any(fn not in parts.scalars for _, fn, _, _ in _FAST_SCALARS) or "nvmlDeviceGetPerformanceState" not in parts.scalars:
+        if any(call not in parts.scalars for call in _FAST_CALLS):
             return None
         names = ("memory_used_bytes", "memory_total_bytes", "memory_reserved_bytes", "utilization_gpu_ratio",
                  "utilization_memory_ratio", "memory_temperature_celsius", "performance_state", "used_gpu_memory_bytes",
-                 *(f for f, *_ in _FAST_SCALARS))
+                 *(f for f, *_ in _FAST_SCALARS), *_GPM_FIELDS.values())
         if any(n not in r.spec for n in names):
             return None
-        return _FastPath(source, r, gpu, parts)
+        gpm = getattr(source.backend, "gpm_flat", None) if gpu.gpm_supported else None
+        if gpu.gpm_supported and gpm is None:
+            return None
+        return _FastPath(source, r, gpu, parts, gpm)
 
-    def head(self, v: dict[str, Any]) -> None:
-        """Memory (v2) and utilization, as ``NvmlSource._memory`` and the utilization lines.
+    def read(self, v: dict[str, Any]) -> None:
+        """The whole fast set into ``v``: memory (v2), utilization, GPM (where ``gpm`` is set),
+        HBM temperature, the plain getters, performance state and compute processes, as
+        ``NvmlSource._sample_device`` reads them on the general path.
 
         Raises:
             DeviceDown: on a lifecycle error (through the general path).
         """
-        r, w, h = self.r, self.r.watch, self.parts.handle
-        gen = r.generation
-        cfn, ref, m = self.parts.memory
-        w.fn = "nvmlDeviceGetMemoryInfo"
-        ret = cfn(h, ref)
-        if w.generation != gen:
-            w.returned(r.index, "nvmlDeviceGetMemoryInfo")
-        if ret:
-            self.source._memory(r, self.gpu, v)  # asks again and decides
+        r = self.r
+        w, gen, index, missing = r.watch, r.generation, r.index, r.missing
+        rets = []
+        for fn, cfn, args in self.head_calls:
+            w.fn = fn
+            rets.append(cfn(*args))
+            if w.generation != gen:
+                w.returned(index, fn)
+        if self.gpm is not None:
+            flat, gpm_error = self._gpm_call(w, gen, index)
+        for fn, cfn, args in self.tail_calls:
+            w.fn = fn
+            rets.append(cfn(*args))
+            if w.generation != gen:
+                w.returned(index, fn)
+        procs = self._processes_call(w, gen, index)
+        parts = self.parts
+        raw = parts.unpack(parts.arena)
+        i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at
+        source = self.source
+        # memory (v2)
+        if rets[0]:
+            source._memory(r, self.gpu, v)  # asks again and decides
         else:
-            total, used, reserved = m.total, m.used, m.reserved
+            total = raw[i_total]
             lo, hi, how = self.mem
             if how == 0 and lo <= total <= hi and (total < _SENTINEL_FLOOR or _PLAIN_LO < total < _PLAIN_HI):
                 v["memory_total_bytes"] = total
@@ -507,107 +559,122 @@ class _FastPath:
                 r.put("memory_total_bytes", total, v)
             limit = v.get("memory_total_bytes", r.memory_limit)
             cap = hi if limit is None else min(hi, limit * (1 + 1e-6))
-            for field, raw in (("memory_used_bytes", used), ("memory_reserved_bytes", reserved)):
-                if how == 0 and lo <= raw <= cap and (raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI):
-                    v[field] = raw
+            for field, x in (("memory_used_bytes", raw[i_used]), ("memory_reserved_bytes", raw[i_reserved])):
+                if how == 0 and lo <= x <= cap and (x < _SENTINEL_FLOOR or _PLAIN_LO < x < _PLAIN_HI):
+                    v[field] = x
                 else:
-                    r.put(field, raw, v, limit=limit)
-        cfn, ref, u = self.parts.utilization
-        w.fn = "nvmlDeviceGetUtilizationRates"
-        ret = cfn(h, ref)
-        if w.generation != gen:
-            w.returned(r.index, "nvmlDeviceGetUtilizationRates")
-        if ret:
-            self.source._utilization(r, v)  # asks again and decides
-            return
-        lo, hi, how = self.util
-        for field, raw in (("utilization_gpu_ratio", u.gpu), ("utilization_memory_ratio", u.memory)):
-            x = raw * 0.01
-            if how == 1 and lo <= x <= hi:  # percent: a sentinel is far out of range
-                v[field] = x
+                    r.put(field, x, v, limit=limit)
+        # utilization (percent: a sentinel is far out of range)
+        if rets[1]:
+            source._utilization(r, v)  # asks again and decides
+        else:
+            lo, hi, how = self.util
+            for field, pct in (("utilization_gpu_ratio", raw[i_ugpu]), ("utilization_memory_ratio", raw[i_umem])):
+                x = pct * 0.01
+                if how == 1 and lo <= x <= hi:
+                    v[field] = x
+                else:
+                    r.put(field, pct, v, 0.01)
+        if self.gpm is not None:
+            v["activity_source"] = "gpm"
+            if gpm_error is not None:
+                source._gpm_failed(r, gpm_error)
+            elif flat is None:  # first GPM sample of this device: no interval to average over yet
+                for field in _GPM_FIELDS.values():
+                    missing[field] = "GPM: first sample, no interval yet"
             else:
-                r.put(field, raw, v, 0.01)
-
-    def tail(self, v: dict[str, Any]) -> None:
-        """HBM temperature, the plain getters, performance state and compute processes, as
-        ``NvmlSource._sample_device`` reads them after GPM.
-
-        Raises:
-            DeviceDown: on a lifecycle error (through the general path).
-        """
-        r, w, h = self.r, self.r.watch, self.parts.handle
-        gen, index = r.generation, r.index
-        missing = r.missing
+                pcie_limit = r.pcie_limit
+                for i, field, scale, lo, hi, pcie in self.gpm_plan:
+                    value = flat[i + 1]
+                    if flat[i]:
+                        missing[field] = f"GPM: {NvmlCallError(flat[i], 'nvmlGpmMetricsGet').reason}"
+                        continue
+                    x = value * scale
+                    if lo <= x <= hi and (not pcie or pcie_limit is None or x <= pcie_limit * (1 + 1e-6)):
+                        v[field] = x
+                    else:
+                        r.put(field, value, v, scale, pcie_limit if pcie else None)
+        k = 2
         # HBM temperature: one field-values entry; the entry's own return code decides
         if self.memtemp_unsupported:
             missing["memory_temperature_celsius"] = "not supported"
         else:
-            cfn, arr, n = self.fv
-            w.fn = "nvmlDeviceGetFieldValues"
-            ret = cfn(h, n, arr)
-            if w.generation != gen:
-                w.returned(index, "nvmlDeviceGetFieldValues")
-            e = arr[0]
-            member = _FV_MEMBERS.get(e.valueType)
-            if ret or e.nvmlReturn or member is None:
+            ret, k = rets[k], k + 1
+            if ret or raw[i_fvret] or raw[i_vtype] not in _FV_MEMBERS:
                 r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
             else:
-                raw = getattr(e.value, member)
+                vtype = raw[i_vtype]
+                x = raw[i_fv] if vtype == 1 else getattr(self.fv_entry[0].value, _FV_MEMBERS[vtype])
                 lo, hi, how = self.memtemp
-                if raw.__class__ is int and how < 2 and lo <= raw <= hi and raw < _SENTINEL_FLOOR:
-                    v["memory_temperature_celsius"] = raw if how == 0 else float(raw)
+                if x.__class__ is int and how < 2 and lo <= x <= hi and x < _SENTINEL_FLOOR:
+                    v["memory_temperature_celsius"] = x if how == 0 else float(x)
                 else:
-                    r.put("memory_temperature_celsius", raw, v)
-        for field, fn, args, scale, cfn, ref, out, lo, hi, how in self.scalars:
-            if cfn is None:
-                missing[field] = "not supported"
-                continue
-            w.fn = fn
-            ret = cfn(h, *args, ref)
-            if w.generation != gen:
-                w.returned(index, fn)
+                    r.put("memory_temperature_celsius", x, v)
+        for field in self.unsupported:
+            missing[field] = "not supported"
+        for field, fn, args, scale, i, lo, hi, how in self.scalars:
+            ret, k = rets[k], k + 1
             if ret:
                 r.put(field, r.q(field, fn, *args), v, scale)  # asks again and decides
                 continue
-            raw = out.value
-            x = raw if scale == 1.0 else raw * scale
-            if how != 3 and lo <= x <= hi and (raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI):
-                v[field] = raw if how == 0 else float(x) if how == 1 else bool(x)
+            x = y = raw[i]
+            if scale != 1.0:
+                x = y * scale
+            if how != 3 and lo <= x <= hi and (y < _SENTINEL_FLOOR or _PLAIN_LO < y < _PLAIN_HI):
+                v[field] = y if how == 0 else float(x) if how == 1 else bool(x)
             else:
-                r.put(field, raw, v, scale)
-        cfn, ref, out, lo, hi, how = self.pstate
-        w.fn = "nvmlDeviceGetPerformanceState"
-        ret = cfn(h, ref)
-        if w.generation != gen:
-            w.returned(index, "nvmlDeviceGetPerformanceState")
-        pstate = out.value if not ret else r.q("performance_state", "nvmlDeviceGetPerformanceState")
+                r.put(field, y, v, scale)
+        pstate = raw[i_pstate] if not rets[k] else r.q("performance_state", "nvmlDeviceGetPerformanceState")
+        lo, hi, how = self.pstate
         if pstate == NVML_PSTATE_UNKNOWN:
             missing["performance_state"] = "unknown"
         elif how == 0 and pstate is not None and lo <= pstate <= hi:
             v["performance_state"] = pstate
         else:
             r.put("performance_state", pstate, v)
-        # compute processes (v3 structs); more than fit: grow as nvidia-ml-py does
-        cfn, proc, held = self.parts.processes
+        if procs is None:
+            source._processes(r, v)  # asks again and decides
+        elif procs:
+            _admit_processes(r, v, procs)
+        else:
+            v["processes"] = ()
+
+    def _gpm_call(self, w: "_Watch", gen: int, index: int) -> tuple[Any, NvmlCallError | None]:
+        """The GPM pair: (flat answer or ``None`` for a first sample, the error if it failed)."""
+        w.fn = "nvmlGpmSampleGet"
+        try:
+            flat = self.gpm(index, GPM_METRICS)
+        except NvmlCallError as exc:
+            if w.generation != gen:
+                w.returned(index, "nvmlGpmSampleGet")
+            return None, exc
+        if w.generation != gen:
+            w.returned(index, "nvmlGpmSampleGet")
+        return flat, None
+
+    def _processes_call(self, w: "_Watch", gen: int, index: int) -> list[tuple[int, Any]] | None:
+        """The compute processes (v3 structs) as ``(pid, usedGpuMemory)``; more than fit: grow as
+        nvidia-ml-py does. ``None``: the call answered an error (the general path asks again)."""
+        cfn, proc, held, count, count_ref = self.parts.processes
         arr = held[0]
-        count = ctypes.c_uint(len(arr))
+        h = self.parts.handle
+        count.value = len(arr)
         w.fn = "nvmlDeviceGetComputeRunningProcesses"
-        ret = cfn(h, ctypes.byref(count), arr)
+        ret = cfn(h, count_ref, arr)
         if ret == _INSUFFICIENT_SIZE:
             arr = held[0] = (proc * (count.value * 2 + 5))()
-            count = ctypes.c_uint(len(arr))
-            ret = cfn(h, ctypes.byref(count), arr)
+            count.value = len(arr)
+            ret = cfn(h, count_ref, arr)
         if w.generation != gen:
             w.returned(index, "nvmlDeviceGetComputeRunningProcesses")
         if ret:
-            self.source._processes(r, v)  # asks again and decides
-            return
+            return None
         procs = []
         for i in range(count.value):
             p = arr[i]
             used = p.usedGpuMemory
             procs.append((p.pid, None if used == _NOT_AVAILABLE_U64 else used))
-        _admit_processes(r, v, procs)
+        return procs
 
 
 class NvmlSource:
@@ -1138,6 +1205,8 @@ class NvmlSource:
                 log.warning("XID events unavailable: %s", exc.reason)
                 self._xid_warned = True
             return ()
+        if not raw:  # the common tick
+            return ()
         by_index = {g.index: g.uuid for g in self.gpus}
         events = []
         for e in raw:
@@ -1175,22 +1244,22 @@ class NvmlSource:
         fast = self._fast_path(r, gpu) if self.fast_path else None
 
         if fast is not None:
-            fast.head(v)
+            fast.read(v)  # GPM included where the device has it
+            if gpu.gpm_supported:
+                self._crosscheck(r, gpu, ts, v, slow)
+            else:
+                v["activity_source"] = "utilization"
+                self._pcie_throughput(r, gpu, ts, v)
         else:
             self._memory(r, gpu, v)
             self._utilization(r, v)
-
-        if gpu.gpm_supported:
-            v["activity_source"] = "gpm"
-            self._gpm(r, gpu, v)
-            self._crosscheck(r, gpu, ts, v, slow)
-        else:
-            v["activity_source"] = "utilization"
-            self._pcie_throughput(r, gpu, ts, v)
-
-        if fast is not None:
-            fast.tail(v)
-        else:
+            if gpu.gpm_supported:
+                v["activity_source"] = "gpm"
+                self._gpm(r, gpu, v)
+                self._crosscheck(r, gpu, ts, v, slow)
+            else:
+                v["activity_source"] = "utilization"
+                self._pcie_throughput(r, gpu, ts, v)
             r.put("memory_temperature_celsius", r.field_value("memory_temperature_celsius", NVML_FI_DEV_MEMORY_TEMP), v)
             r.scalars(_FAST_SCALARS, v)
             pstate = r.q("performance_state", "nvmlDeviceGetPerformanceState")
@@ -1201,7 +1270,7 @@ class NvmlSource:
             self._processes(r, v)
         if slow:
             self._slow(r, gpu, ts, v)
-        return GpuSample(ts=ts, uuid=gpu.uuid, index=gpu.index, missing=r.missing, **v)
+        return GpuSample.of(ts, gpu.uuid, gpu.index, r.missing, v)
 
     def _memory(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
         """Memory used/reserved/total through the API decided for this device since the last
@@ -1342,10 +1411,7 @@ class NvmlSource:
         except NvmlCallError as exc:
             if watch is not None and watch.generation != r.generation:
                 watch.returned(gpu.index, "nvmlGpmSampleGet")
-            if exc.is_lifecycle:
-                raise DeviceDown(exc) from None
-            for field in _GPM_FIELDS.values():
-                r.missing[field] = f"GPM: {exc.reason}"
+            self._gpm_failed(r, exc)
             return
         if metrics is None:  # first GPM sample of this device: no interval to average over yet
             for field in _GPM_FIELDS.values():
@@ -1372,6 +1438,18 @@ class NvmlSource:
                 r.put(field, value, v, _MIB, pcie_limit)
             else:
                 r.put(field, value, v, 0.01)
+
+    @staticmethod
+    def _gpm_failed(r: _Reader, exc: NvmlCallError) -> None:
+        """The GPM pair failed as a whole: its fields are ``None`` with the reason.
+
+        Raises:
+            DeviceDown: on a lifecycle error.
+        """
+        if exc.is_lifecycle:
+            raise DeviceDown(exc) from None
+        for field in _GPM_FIELDS.values():
+            r.missing[field] = f"GPM: {exc.reason}"
 
     def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any], slow: bool) -> None:
         """Keep GPM's PCIe figures honest: on slow ticks, compare them with the newest

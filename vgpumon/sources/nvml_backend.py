@@ -165,6 +165,10 @@ class NvmlBackend(Protocol):
         Live: a waiter thread blocks in ``nvmlEventSetWait`` (registered for
         ``nvmlEventTypeXidCriticalError`` on every device) and queues events; this drains the
         queue without blocking. XIDs raised before registration are lost (NVML keeps none).
+
+        Raises:
+            NvmlCallError: events cannot be had (live: no event set on this host; raised when a
+                try to set one up fails, retried each minute, ``[]`` between the tries).
         """
 
     def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
@@ -336,9 +340,11 @@ class LiveBackend:
             bound = self._bound[index] = self._fast.bind(self._handle(index))
         return bound
 
-    def fast_parts(self, index: int) -> Any:
+    def fast_parts(self, index: int, scalar_calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> Any:
         """Device ``index``'s fast-set C functions and out-structs (``nvml_fast.Parts``) for the
-        collector's straight-line reader; ``None`` before ``init()``. Dropped with the handle.
+        collector's straight-line reader, with an out value for each of ``scalar_calls``
+        (``(function, args)``; the collector's plan, the same on every call); ``None`` before
+        ``init()``. Dropped with the handle.
 
         Raises:
             NvmlCallError: the device's handle cannot be had.
@@ -347,7 +353,7 @@ class LiveBackend:
         if parts is None:
             if self._fast is None:
                 return None
-            parts = self._parts[index] = self._fast.parts(self._handle(index))
+            parts = self._parts[index] = self._fast.parts(self._handle(index), scalar_calls)
         return parts
 
     def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
@@ -371,34 +377,33 @@ class LiveBackend:
         return to_plain(value)
 
     def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        flat = self.gpm_flat(index, metric_ids)
+        if flat is None:
+            return None
+        out: dict[int, Any] = {}
+        for i, metric_id in enumerate(metric_ids):
+            code = flat[2 * i]
+            out[metric_id] = flat[2 * i + 1] if code == 0 else NvmlCallError(code, "nvmlGpmMetricsGet")
+        return out
+
+    def gpm_flat(self, index: int, metric_ids: Sequence[int]) -> tuple[Any, ...] | None:
+        """``gpm`` without the dict: ``(code, value)`` of each of ``metric_ids`` in turn, flat
+        (``flat[2 * i]`` is metric i's ``nvmlReturn``, 0 when ``flat[2 * i + 1]`` holds its value,
+        percent or MiB/s); ``None`` for a device's first sample (no pair yet).
+
+        Raises:
+            NvmlCallError: ``nvmlGpmSampleGet`` or ``nvmlGpmMetricsGet`` failed as a whole.
+        """
         # Two sample buffers and two requests per device, made once: the buffers alternate as
         # "previous" and "current" and each request already points at its pair, so a tick costs
         # one nvmlGpmSampleGet and one nvmlGpmMetricsGet, and the results are read from the
         # request's memory in one unpack (nvidia-ml-py's structs read each field through Python).
-        nv = self._lib()
+        state = self._gpm_prev.get(index)
+        if state is None or (state["ids"] is not metric_ids and state["ids"] != tuple(metric_ids)):
+            state = self._gpm_state(index, tuple(metric_ids))
         handle = self._handles.get(index)
         if handle is None:
             handle = self._handle(index)
-        state = self._gpm_prev.get(index)
-        if state is None or state["ids"] != tuple(metric_ids):
-            self._free_gpm(index)
-            bufs = [self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc) for _ in range(2)]
-            reqs = []
-            for first, second in ((bufs[1], bufs[0]), (bufs[0], bufs[1])):  # by the buffer just taken
-                req = nv.c_nvmlGpmMetricsGet_t()
-                req.version = nv.NVML_GPM_METRICS_GET_VERSION
-                req.numMetrics = len(metric_ids)
-                req.sample1, req.sample2 = first, second
-                for i, metric_id in enumerate(metric_ids):
-                    req.metrics[i].metricId = metric_id
-                reqs.append((req, ctypes.byref(req)))
-            state = {
-                "ids": tuple(metric_ids), "bufs": bufs, "reqs": reqs, "cur": 0, "have_prev": False,
-                "get": nv._nvmlGetFunctionPointer("nvmlGpmSampleGet"),
-                "metrics": nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet"),
-                "unpack": _gpm_results(nv, len(metric_ids)),
-            }
-            self._gpm_prev[index] = state
         cur = state["cur"]
         ret = state["get"](handle, state["bufs"][cur])
         if ret:
@@ -412,12 +417,28 @@ class LiveBackend:
         if ret:
             raise NvmlCallError(ret, "nvmlGpmMetricsGet")
         offset, fmt = state["unpack"]
-        flat = fmt.unpack_from(req, offset)
-        out: dict[int, Any] = {}
-        for i, metric_id in enumerate(state["ids"]):
-            code = flat[2 * i]
-            out[metric_id] = flat[2 * i + 1] if code == 0 else NvmlCallError(code, "nvmlGpmMetricsGet")
-        return out
+        return fmt.unpack_from(req, offset)
+
+    def _gpm_state(self, index: int, metric_ids: tuple[int, ...]) -> dict[str, Any]:
+        nv = self._lib()
+        self._free_gpm(index)
+        bufs = [self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc) for _ in range(2)]
+        reqs = []
+        for first, second in ((bufs[1], bufs[0]), (bufs[0], bufs[1])):  # by the buffer just taken
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(metric_ids)
+            req.sample1, req.sample2 = first, second
+            for i, metric_id in enumerate(metric_ids):
+                req.metrics[i].metricId = metric_id
+            reqs.append((req, ctypes.byref(req)))
+        state = self._gpm_prev[index] = {
+            "ids": metric_ids, "bufs": bufs, "reqs": reqs, "cur": 0, "have_prev": False,
+            "get": nv._nvmlGetFunctionPointer("nvmlGpmSampleGet"),
+            "metrics": nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet"),
+            "unpack": _gpm_results(nv, len(metric_ids)),
+        }
+        return state
 
     def _free_gpm(self, index: int) -> None:
         state = self._gpm_prev.pop(index, None)
@@ -439,7 +460,9 @@ class LiveBackend:
     def xid_poll(self) -> list[dict[str, Any]]:
         if self._xid_thread is None:
             if self._xid_error is not None and time.monotonic() < self._xid_retry_at:
-                raise self._xid_error  # no event set on this host: asked again each minute, not each tick
+                # no event set on this host: asked again each minute, not each tick; the error
+                # was raised when it happened (a raise per tick costs more than the tick's calls)
+                return []
             try:
                 self._xid_error = None
                 self._start_xid_waiter()

@@ -16,7 +16,8 @@ driver lacks.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable
+import struct
+from typing import Any, Callable, Sequence
 
 #: nvml.h ``NVML_ERROR_INSUFFICIENT_SIZE``: the process list needs a larger array.
 _INSUFFICIENT_SIZE = 7
@@ -91,31 +92,81 @@ class FastCalls:
         """The fast calls of one device (its ``nvmlDevice_t``), by nvidia-ml-py function name."""
         return {fn: make(fn, cfn, handle) for fn, make, cfn in self._makers}
 
-    def parts(self, handle: Any) -> "Parts":
+    def parts(self, handle: Any, scalar_calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> "Parts":
         """The C functions and out-structs of one device's fast set, for a reader in straight-line
-        code (``vgpumon.sources.nvml._FastPath``); each device gets structs of its own."""
+        code (``vgpumon.sources.nvml._FastPath``); each device gets structs of its own.
+
+        Args:
+            handle: the device's ``nvmlDevice_t``.
+            scalar_calls: ``(function, args)`` of each plain-getter call the reader makes per
+                tick (e.g. ``nvmlDeviceGetClockInfo`` twice, for two clocks); each gets an out
+                value of its own, ``scalars[(function, args)]``. A function this driver lacks is
+                left out.
+
+        Every out-struct and out-scalar lies in one buffer (``Parts.arena``), so that after a
+        tick's calls ``Parts.read()`` returns every raw answer in one tuple (one ``unpack_from``)
+        instead of one Python attribute read per value; ``Parts.at[name]`` is a value's place in
+        that tuple (names in ``Parts``)."""
         cfns = {fn: cfn for fn, _, cfn in self._makers}
-        parts = Parts(handle)
+        scalars = [(fn, args) for fn, args in scalar_calls if fn in self._scalar_types]
+        # (name, ctypes type) of every out-parameter, laid out in one structure
+        layout: list[tuple[str, Any]] = [
+            ("memory", self._mem_v2), ("utilization", self._util), ("field_value", self._field * 1),
+            ("count", ctypes.c_uint),
+        ]
+        layout += [(f"scalar{i}", self._scalar_types[fn][1]) for i, (fn, _) in enumerate(scalars)]
+        arena_type = type("FastArena", (ctypes.Structure,), {"_fields_": layout})
+        arena = arena_type()
+        parts = Parts(handle, arena)
+        types = dict(layout)
+
+        def out(name: str) -> Any:
+            return types[name].from_buffer(arena, getattr(arena_type, name).offset)
+
         cfn = cfns.get("nvmlDeviceGetMemoryInfo")
         if cfn is not None:
-            m = self._mem_v2()
+            m = out("memory")
             m.version = self.nv.nvmlMemory_v2
             parts.memory = (cfn, ctypes.byref(m), m)
         cfn = cfns.get("nvmlDeviceGetUtilizationRates")
         if cfn is not None:
-            u = self._util()
+            u = out("utilization")
             parts.utilization = (cfn, ctypes.byref(u), u)
         cfn = cfns.get("nvmlDeviceGetFieldValues")
         if cfn is not None:
-            parts.field_values = (cfn, self._field)
+            entry = out("field_value")  # an array of one: the call takes an array
+            parts.field_values = (cfn, self._field, entry)
         cfn = cfns.get("nvmlDeviceGetComputeRunningProcesses")
         if cfn is not None:
-            parts.processes = (cfn, self._proc, [(self._proc * 32)()])
-        for fn, (cfn, ctype) in self._scalar_types.items():
-            out = ctype()
-            parts.scalars[fn] = (cfn, ctypes.byref(out), out)
+            count = out("count")
+            parts.processes = (cfn, self._proc, [(self._proc * 32)()], count, ctypes.byref(count))
+        for i, (fn, args) in enumerate(scalars):
+            o = out(f"scalar{i}")
+            parts.scalars[(fn, args)] = (self._scalar_types[fn][0], ctypes.byref(o), o)
+        # the raw answers read in one go: (name, offset in the arena, struct code)
+        mem, util, fv = self._mem_v2, self._util, self._field
+        reads: list[tuple[Any, int, str]] = [
+            ("memory.total", arena_type.memory.offset + mem.total.offset, "Q"),
+            ("memory.reserved", arena_type.memory.offset + mem.reserved.offset, "Q"),
+            ("memory.used", arena_type.memory.offset + mem.used.offset, "Q"),
+            ("utilization.gpu", arena_type.utilization.offset + util.gpu.offset, "I"),
+            ("utilization.memory", arena_type.utilization.offset + util.memory.offset, "I"),
+            ("field_value.valueType", arena_type.field_value.offset + fv.valueType.offset, "I"),
+            ("field_value.nvmlReturn", arena_type.field_value.offset + fv.nvmlReturn.offset, "I"),
+            # the union's uiVal (every member starts at its first byte), meaningful when valueType is 1
+            ("field_value.uiVal", arena_type.field_value.offset + fv.value.offset, "I"),
+            ("count", arena_type.count.offset, "I"),
+        ]
+        reads += [(key, getattr(arena_type, f"scalar{i}").offset, "Q" if ctypes.sizeof(self._scalar_types[key[0]][1]) == 8 else "I")
+                  for i, key in enumerate(scalars)]
+        reads.sort(key=lambda x: x[1])
+        fmt, pos = "=", 0
+        for name, offset, code in reads:
+            fmt += "x" * (offset - pos) + code
+            pos = offset + struct.calcsize("=" + code)
+        parts.unpack = struct.Struct(fmt).unpack_from
+        parts.at = {name: i for i, (name, _, _) in enumerate(reads)}
         return parts
-
 
     def _scalar(self, fn: str, cfn: Any, handle: Any, ctype: Any) -> Callable[..., Any]:
         error, out = self.error, ctype()
@@ -215,16 +266,30 @@ class FastCalls:
 
 class Parts:
     """One device's fast-set C functions with their out-structs: ``(cfn, ref, struct)`` for
-    memory (v2, version set) and utilization, ``(cfn, struct type)`` for field values,
-    ``(cfn, struct type, [array])`` for the process list (the array grows when too small), and
-    ``scalars[fn] = (cfn, ref, out)`` for the plain getters. ``None``: this driver lacks it."""
+    memory (v2, version set) and utilization, ``(cfn, struct type, entry)`` for one field value,
+    ``(cfn, struct type, [array], count, byref(count))`` for the process list (the array grows
+    when too small; ``count`` is set to its length before each call), and
+    ``scalars[(fn, args)] = (cfn, ref, out)`` for the plain-getter calls. ``None``: this driver lacks it.
 
-    __slots__ = ("handle", "memory", "utilization", "field_values", "processes", "scalars")
+    Every out-parameter but the process array lies in ``arena``; ``read()`` returns all their
+    raw values at once, ``at[name]`` giving each one's place: ``memory.total``,
+    ``memory.reserved``, ``memory.used``, ``utilization.gpu``, ``utilization.memory``,
+    ``field_value.valueType``, ``field_value.nvmlReturn``, ``field_value.uiVal``, ``count``
+    and each scalar call by its ``(function, args)``."""
 
-    def __init__(self, handle: Any) -> None:
+    __slots__ = ("handle", "arena", "memory", "utilization", "field_values", "processes", "scalars", "unpack", "at")
+
+    def __init__(self, handle: Any, arena: Any = None) -> None:
         self.handle = handle
+        self.arena = arena
         self.memory: Any = None
         self.utilization: Any = None
         self.field_values: Any = None
         self.processes: Any = None
         self.scalars: dict[str, Any] = {}
+        self.unpack: Any = None
+        self.at: dict[str, int] = {}
+
+    def read(self) -> tuple[int, ...]:
+        """Every raw answer in the arena, as the last calls left them (places in ``at``)."""
+        return self.unpack(self.arena)
