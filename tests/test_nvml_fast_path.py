@@ -47,6 +47,13 @@ CASES = {
          "nvmlDeviceGetComputeRunningProcesses_v3": TIMEOUT, "nvmlDeviceGetPerformanceState": UNKNOWN},
     ),
     "memory call failing": ({}, {"nvmlDeviceGetMemoryInfo_v2": TIMEOUT}),
+    "GPM busy, odd and failing metrics": (
+        {"nvmlGpmMetricsGet": {2: 95.5, 3: 14.0, 5: float("nan"), 10: 101.0, 20: 56600.0, 21: float(1 << 40)}},
+        {},
+    ),
+    "GPM metric not supported": ({"nvmlGpmMetricsGet": {5: NOT_SUPPORTED}}, {}),
+    "GPM sample failing": ({}, {"nvmlGpmSampleGet": TIMEOUT}),
+    "GPM lost": ({}, {"nvmlGpmMetricsGet": GPU_IS_LOST}),
     "GPU lost": ({}, {"nvmlDeviceGetClockInfo": GPU_IS_LOST}),
 }
 
@@ -104,6 +111,13 @@ def test_the_cases_are_not_all_alike(lib):
     assert s.memory_used_bytes == 0 and o.memory_used_bytes is None
     lost, _, _ = _read(lib, *CASES["GPU lost"], fast=True)
     assert lost[-1][0].up is False
+    gpm, _, _ = _read(lib, *CASES["GPM busy, odd and failing metrics"], fast=True)
+    g = gpm[-1][0]
+    assert g.sm_active_ratio == pytest.approx(0.955) and g.pcie_tx_bytes_per_second == 56600.0 * 2**20
+    assert g.tensor_active_ratio is None and g.missing["tensor_active_ratio"].startswith("rejected:")
+    assert g.pcie_rx_bytes_per_second is None and g.dram_active_ratio is None
+    failing, _, _ = _read(lib, *CASES["GPM sample failing"], fast=True)
+    assert failing[-1][0].up and failing[-1][0].sm_active_ratio is None
     busy, _, _ = _read(lib, *CASES["busy, with processes"], fast=True)
     assert busy[-1][0].processes == ((4242, 30 << 30), (4243, None))
     assert busy[-1][0].utilization_gpu_ratio == pytest.approx(0.87)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -423,6 +424,10 @@ def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]
     v["processes"] = tuple(out)
 
 
+#: ``_FastPath._compile``'s code objects by source (plans repeat: each re-probe rebuilds them)
+_COMPILED: dict[str, Any] = {}
+
+
 class _FastPath:
     """One device's fast set in straight-line code, for the live backend: the calls
     ``NvmlSource._sample_device`` makes, GPM included, through the device's own C functions and
@@ -492,6 +497,156 @@ class _FastPath:
             (2 * i, _GPM_FIELDS[m], _MIB if m in _GPM_PCIE else 0.01, *spec[_GPM_FIELDS[m]][:2], m in _GPM_PCIE)
             for i, m in enumerate(GPM_METRICS)
         )
+        self.source_code = ""
+        compiled = self._compile()
+        if compiled is not None:
+            self.read = compiled  # type: ignore[method-assign]
+
+    def _compile(self) -> Callable[[dict[str, Any]], None] | None:
+        """This device's ``read`` as one generated function, or ``None`` where a field's kind is
+        not one it handles (``read`` then serves).
+
+        The calls are written out one after the other with their arguments as constants; when
+        every call answered and GPM gave every metric (the ordinary tick), each value is
+        admitted inline, its field's bounds as constants: in range it is stored, otherwise
+        ``_Reader.put`` decides as on the general path. Any other tick goes to ``_admit``, the
+        loop version. Generated rather than written because the plan differs per device and
+        driver (calls answered "not supported" are left out, GPM only on GPM devices) and a loop
+        over a plan costs about three times the Python per value (``namedtuple`` and
+        ``dataclasses`` make their methods the same way). The source is kept in ``self.source_code``."""
+        r = self.r
+        if (self.mem[2], self.util[2], self.pstate[2]) != (0, 1, 0) or self.memtemp[2] > 1:
+            return None
+        if any(how > 1 for *_, how in self.scalars):
+            return None
+        ns: dict[str, Any] = {
+            "W": r.watch, "R": r, "put": r.put, "unpack": self.parts.unpack, "arena": self.parts.arena,
+            "processes": self._processes_call, "admit": self._admit, "admit_processes": _admit_processes,
+            "GPM": self.gpm, "METRICS": GPM_METRICS, "NvmlCallError": NvmlCallError,
+            "SF": _SENTINEL_FLOOR, "PL": _PLAIN_LO, "PH": _PLAIN_HI,
+        }
+
+        def const(x: Any) -> str:
+            if x is None or x.__class__ is bool or x.__class__ is int or (x.__class__ is float and math.isfinite(x)):
+                return repr(x)
+            name = f"K{len(ns)}"
+            ns[name] = x
+            return name
+
+        gen_, index = r.generation, r.index
+        code = ["def read(v):"]
+        rets: list[str] = []
+
+        def call(fn: str, cfn: Any, args: tuple[Any, ...]) -> None:
+            n = len(rets)
+            ns[f"C{n}"] = cfn
+            names = []
+            for j, a in enumerate(args):
+                if a.__class__ is int:
+                    names.append(repr(a))
+                else:
+                    ns[f"A{n}_{j}"] = a
+                    names.append(f"A{n}_{j}")
+            code.append(f"    W.fn = {fn!r}")
+            code.append(f"    r{n} = C{n}({', '.join(names)})")
+            code.append(f"    if W.generation != {gen_}: W.returned({index}, {fn!r})")
+            rets.append(f"r{n}")
+
+        for fn, cfn, args in self.head_calls:
+            call(fn, cfn, args)
+        if self.gpm is not None:
+            code += [
+                "    W.fn = 'nvmlGpmSampleGet'",
+                "    try:",
+                f"        flat = GPM({index}, METRICS)",
+                "    except NvmlCallError as exc:",
+                "        flat, gerr = None, exc",
+                "    else:",
+                "        gerr = None",
+                f"    if W.generation != {gen_}: W.returned({index}, 'nvmlGpmSampleGet')",
+            ]
+        else:
+            code.append("    flat = gerr = None")
+        for fn, cfn, args in self.tail_calls:
+            call(fn, cfn, args)
+        code.append(f"    procs = processes(W, {gen_}, {index})")
+        # anything unusual: the loop version, which decides case by case
+        unusual = [*rets, "procs is None"]
+        i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at
+        if self.gpm is not None:
+            unusual += ["flat is None", *(f"flat[{i}]" for i, *_ in self.gpm_plan)]
+        code.append("    raw = unpack(arena)")
+        if not self.memtemp_unsupported:
+            unusual += [f"raw[{i_fvret}]", f"raw[{i_vtype}] != 1"]
+        code.append(f"    if {' or '.join(unusual)}:")
+        code.append(f"        return admit(v, [{', '.join(rets)}], flat, gerr, procs)")
+        missing: list[str] = []
+
+        def admit(field: str, raw: str, lo: float, hi: float, scale: float = 1.0, store: str = "x",
+                  sentinel: bool = True, limit: str = "") -> None:
+            """Inline: ``x`` = ``raw`` × scale; stored as ``store`` when in [lo, hi] (and not a
+            sentinel), else ``put`` decides."""
+            code.append(f"    y = {raw}")
+            code.append("    x = y" if scale == 1.0 else f"    x = y * {const(scale)}")
+            check = f"{const(lo)} <= x <= {const(hi)}"
+            if sentinel:
+                check += " and (y < SF or PL < y < PH)"
+            code.append(f"    if {check}: v[{field!r}] = {store}")
+            args = "" if scale == 1.0 else f", {const(scale)}"
+            if limit:
+                args = f"{args or ', 1.0'}, {limit}"
+            code.append(f"    else: put({field!r}, y, v{args})")
+
+        lo, hi, _ = self.mem
+        admit("memory_total_bytes", f"raw[{i_total}]", lo, hi)
+        code.append(f"    limit = v.get('memory_total_bytes', {const(r.memory_limit)})")
+        code.append(f"    cap = {const(hi)} if limit is None else min({const(hi)}, limit * (1 + 1e-6))")
+        for field, i in (("memory_used_bytes", i_used), ("memory_reserved_bytes", i_reserved)):
+            code.append(f"    y = x = raw[{i}]")
+            code.append(f"    if {const(lo)} <= x <= cap and (y < SF or PL < y < PH): v[{field!r}] = x")
+            code.append(f"    else: put({field!r}, y, v, limit=limit)")
+        lo, hi, _ = self.util
+        for field, i in (("utilization_gpu_ratio", i_ugpu), ("utilization_memory_ratio", i_umem)):
+            admit(field, f"raw[{i}]", lo, hi, 0.01, sentinel=False)
+        if self.gpm is not None:
+            code.append("    v['activity_source'] = 'gpm'")
+            pcie_limit = r.pcie_limit
+            for i, field, scale, lo, hi, pcie in self.gpm_plan:
+                if pcie and pcie_limit is not None:
+                    admit(field, f"flat[{i + 1}]", lo, min(hi, pcie_limit * (1 + 1e-6)), scale, sentinel=False,
+                          limit=const(pcie_limit))
+                else:
+                    admit(field, f"flat[{i + 1}]", lo, hi, scale, sentinel=False)
+        if self.memtemp_unsupported:
+            missing.append("memory_temperature_celsius")
+        else:
+            lo, hi, how = self.memtemp
+            code.append(f"    y = x = raw[{i_fv}]")
+            code.append(f"    if {const(lo)} <= x <= {const(hi)} and x < SF: "
+                        f"v['memory_temperature_celsius'] = {'x' if how == 0 else 'float(x)'}")
+            code.append("    else: put('memory_temperature_celsius', x, v)")
+        missing += self.unsupported
+        for field, _, _, scale, i, lo, hi, how in self.scalars:
+            store = "y" if how == 0 else "x" if scale != 1.0 else "float(x)"
+            admit(field, f"raw[{i}]", lo, hi, scale, store)
+        lo, hi, _ = self.pstate
+        code.append(f"    x = raw[{i_pstate}]")
+        code.append(f"    if x == {NVML_PSTATE_UNKNOWN}: R.missing['performance_state'] = 'unknown'")
+        code.append(f"    elif {const(lo)} <= x <= {const(hi)}: v['performance_state'] = x")
+        code.append("    else: put('performance_state', x, v)")
+        if missing:
+            code.append("    m = R.missing")
+            code += [f"    m[{field!r}] = 'not supported'" for field in missing]
+        code.append("    if procs: admit_processes(R, v, procs)")
+        code.append("    else: v['processes'] = ()")
+        self.source_code = "\n".join(code) + "\n"
+        compiled = _COMPILED.get(self.source_code)
+        if compiled is None:  # a re-probe or reset rebuilds the same plan: compiled once (1 ms)
+            compiled = compile(self.source_code, f"<vgpumon fast path, GPU {index}>", "exec")
+            if len(_COMPILED) < 256:
+                _COMPILED[self.source_code] = compiled
+        exec(compiled, ns)  # noqa: S102 - our own code, from the plan above
+        return ns["read"]
 
     @staticmethod
     def build(source: "NvmlSource", r: _Reader, gpu: GpuIdentity) -> "_FastPath | None":
@@ -522,19 +677,26 @@ class _FastPath:
     def read(self, v: dict[str, Any]) -> None:
         """The whole fast set into ``v``: memory (v2), utilization, GPM (where ``gpm`` is set),
         HBM temperature, the plain getters, performance state and compute processes, as
-        ``NvmlSource._sample_device`` reads them on the general path.
+        ``NvmlSource._sample_device`` reads them on the general path. (An instance whose plan
+        compiled has its own straight-line ``read``, ``_compile``; this is the same in loops.)
 
         Raises:
             DeviceDown: on a lifecycle error (through the general path).
         """
+        self._admit(v, *self._calls())
+
+    def _calls(self) -> tuple[list[int], Any, NvmlCallError | None, list[tuple[int, Any]] | None]:
+        """Every call of the fast set, in the general path's order: (return codes of the head and
+        tail calls, GPM's flat answer, GPM's error, the process list or ``None``)."""
         r = self.r
-        w, gen, index, missing = r.watch, r.generation, r.index, r.missing
+        w, gen, index = r.watch, r.generation, r.index
         rets = []
         for fn, cfn, args in self.head_calls:
             w.fn = fn
             rets.append(cfn(*args))
             if w.generation != gen:
                 w.returned(index, fn)
+        flat = gpm_error = None
         if self.gpm is not None:
             flat, gpm_error = self._gpm_call(w, gen, index)
         for fn, cfn, args in self.tail_calls:
@@ -542,7 +704,18 @@ class _FastPath:
             rets.append(cfn(*args))
             if w.generation != gen:
                 w.returned(index, fn)
-        procs = self._processes_call(w, gen, index)
+        return rets, flat, gpm_error, self._processes_call(w, gen, index)
+
+    def _admit(self, v: dict[str, Any], rets: list[int], flat: Any, gpm_error: NvmlCallError | None,
+               procs: list[tuple[int, Any]] | None) -> None:
+        """Admit the answers of ``_calls`` into ``v``, whatever they are, in the general path's
+        order: a failed call is asked again through the general path, which decides.
+
+        Raises:
+            DeviceDown: on a lifecycle error (through the general path).
+        """
+        r = self.r
+        missing = r.missing
         parts = self.parts
         raw = parts.unpack(parts.arena)
         i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at

@@ -205,14 +205,18 @@ class FakeLib:
         return NVML_SUCCESS
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
-        return NVML_SUCCESS
+        return self.errors.get("nvmlGpmSampleGet", NVML_SUCCESS)
 
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
+        """Every metric 0.0, or ``values["nvmlGpmMetricsGet"][metric id]``: a float, or an int
+        return code for that metric alone."""
         req = _out(ref)
+        answers = self.values.get("nvmlGpmMetricsGet", {})
         for i in range(req.numMetrics):
-            req.metrics[i].nvmlReturn = 0
-            req.metrics[i].value = 0.0
-        return NVML_SUCCESS
+            answer = answers.get(req.metrics[i].metricId, 0.0)
+            req.metrics[i].nvmlReturn = answer if answer.__class__ is int else 0
+            req.metrics[i].value = answer if answer.__class__ is float else 0.0
+        return self.errors.get("nvmlGpmMetricsGet", NVML_SUCCESS)
 
 
 def install(gpus: int = 1) -> Any:
