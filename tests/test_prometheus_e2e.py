@@ -164,7 +164,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
         start, end = min(points), max(points)
         window = int(end - start) + 1
 
-        allowed = {(e["dashboard"], e["panel"]): e["reason"] for e in yaml.safe_load(EMPTY.read_text())}
+        entries = yaml.safe_load(EMPTY.read_text())
+        allowed = {(e["dashboard"], e["panel"]): e["reason"] for e in entries}
+        racing = {(e["dashboard"], e["panel"]) for e in entries if e.get("may_have_data")}
         failures, empty_panels, seen = [], set(), set()
         for path in sorted((ROOT / "dashboards").glob("*.json")):
             doc = json.loads(path.read_text())
@@ -184,7 +186,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
                         failures.append(f"{key} {target['refId']}: no data: {expr}")
         stale = [k for k in allowed if k not in seen]
         assert stale == [], f"empty-panels.yml lists panels no dashboard has: {stale}"
-        alive = [k for k in allowed if k not in empty_panels]
+        alive = [k for k in allowed if k not in empty_panels and k not in racing]
         assert failures == [] and alive == [], "\n".join(failures + [f"{k}: listed as empty but returns data" for k in alive])
 
         if rules:  # the rule files of the rules engine, evaluated on the agent's own series
