@@ -37,6 +37,9 @@ CASES = {
          "nvmlDeviceGetFieldValues": 644245923, "nvmlDeviceGetCurrPcieLinkGeneration": 9},
         {},
     ),
+    "more processes than the first array holds": (
+        {"nvmlDeviceGetComputeRunningProcesses_v3": [(5000 + i, i << 20) for i in range(40)]}, {},
+    ),
     "process memory impossible": ({"nvmlDeviceGetComputeRunningProcesses_v3": [(4242, (1 << 63) + 5)]}, {}),
     "garbage PIDs": ({"nvmlDeviceGetComputeRunningProcesses_v3": [(0, 1 << 30), (4294967295, 0)]}, {}),
     "unknown performance state": ({"nvmlDeviceGetPerformanceState": 32}, {}),
@@ -118,6 +121,8 @@ def test_the_cases_are_not_all_alike(lib):
     assert g.pcie_rx_bytes_per_second is None and g.dram_active_ratio is None
     failing, _, _ = _read(lib, *CASES["GPM sample failing"], fast=True)
     assert failing[-1][0].up and failing[-1][0].sm_active_ratio is None
+    many, _, _ = _read(lib, *CASES["more processes than the first array holds"], fast=True)
+    assert len(many[-1][0].processes) == 40
     busy, _, _ = _read(lib, *CASES["busy, with processes"], fast=True)
     assert busy[-1][0].processes == ((4242, 30 << 30), (4243, None))
     assert busy[-1][0].utilization_gpu_ratio == pytest.approx(0.87)

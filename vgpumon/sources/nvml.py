@@ -424,6 +424,16 @@ def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]
     v["processes"] = tuple(out)
 
 
+def _procs_of(arr: Any, n: int) -> list[tuple[int, Any]]:
+    """``(pid, usedGpuMemory or None)`` of the first ``n`` v3 process structs of ``arr``."""
+    procs = []
+    for i in range(n):
+        p = arr[i]
+        used = p.usedGpuMemory
+        procs.append((p.pid, None if used == _NOT_AVAILABLE_U64 else used))
+    return procs
+
+
 #: ``_FastPath._compile``'s code objects by source (plans repeat: each re-probe rebuilds them)
 _COMPILED: dict[str, Any] = {}
 
@@ -569,7 +579,18 @@ class _FastPath:
             code.append("    flat = gerr = None")
         for fn, cfn, args in self.tail_calls:
             call(fn, cfn, args)
-        code.append(f"    procs = processes(W, {gen_}, {index})")
+        # the process list: a failed call or more processes than the array holds go through
+        # ``_processes_call``, which asks again (growing the array) and says which
+        cp, _, held, count, count_ref = self.parts.processes
+        ns.update(CP=cp, HELD=held, CNT=count, CREF=count_ref, H=self.parts.handle, procs_of=_procs_of)
+        code += [
+            "    arr = HELD[0]",
+            "    CNT.value = len(arr)",
+            "    W.fn = 'nvmlDeviceGetComputeRunningProcesses'",
+            "    rp = CP(H, CREF, arr)",
+            f"    if W.generation != {gen_}: W.returned({index}, 'nvmlDeviceGetComputeRunningProcesses')",
+            f"    procs = processes(W, {gen_}, {index}) if rp else procs_of(arr, CNT.value) if CNT.value else ()",
+        ]
         # anything unusual: the loop version, which decides case by case
         unusual = [*rets, "procs is None"]
         i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at
@@ -842,12 +863,7 @@ class _FastPath:
             w.returned(index, "nvmlDeviceGetComputeRunningProcesses")
         if ret:
             return None
-        procs = []
-        for i in range(count.value):
-            p = arr[i]
-            used = p.usedGpuMemory
-            procs.append((p.pid, None if used == _NOT_AVAILABLE_U64 else used))
-        return procs
+        return _procs_of(arr, count.value)
 
 
 class NvmlSource:
@@ -1245,17 +1261,18 @@ class NvmlSource:
         done: dict[int, GpuSample] = state["done"]
         watch = self._watch
         generation = watch.generation
+        late, wedged_devices = state["late"], self._wedged
         for gpu in self.gpus:
             if gpu.index in done:
                 continue
             if watch.generation != generation:
                 raise Abandoned("tick given up")
-            wedged = self._wedged.get(gpu.index)
+            wedged = wedged_devices.get(gpu.index) if wedged_devices else None
             if wedged is not None:
                 done[gpu.index] = self._down_sample(gpu, ts, f"wedged: {wedged[0]} for {time.monotonic() - wedged[1]:.0f} s")
                 continue
             # a device read after the tick was resumed carries the time it was read
-            at = ts + (time.monotonic() - state["mono"]) if state["late"] else ts
+            at = ts + (time.monotonic() - state["mono"]) if late else ts
             # since first: ``inflight`` reads nothing while ``device`` is None, so it never pairs
             # this device with the previous read's start
             watch.since = time.monotonic()
@@ -1269,7 +1286,7 @@ class NvmlSource:
                 watch.returned(gpu.index, watch.fn)
             done[gpu.index] = sample
         self._tick_state = None
-        samples = [done[g.index] for g in self.gpus if g.index in done]
+        samples = list(done.values())  # filled in the order of self.gpus, a resumed tick too
         xids = self._poll_xids() if self._lib_down is None else ()
         if self._xid_counts:  # counts stay on every later sample, not only the event's tick
             samples = [self._with_xids(s) for s in samples]
