@@ -10,6 +10,9 @@ Compares, on the same GPU(s) and in the same process where possible:
 * nvitop ``Device.as_snapshot()``;
 * gpustat ``new_query()`` — in its own process, last (it patches pynvml at import).
 
+vgpumon and the floor are timed tick by tick in turn (``time_interleaved``), each after the
+same 2-ms pause; the other tools one after the other.
+
 Usage: python3 bench/nvml_cost.py [--ticks 2000] [--json OUT]
 """
 
@@ -125,6 +128,33 @@ def time_bare_pynvml(ticks: int) -> dict[str, float]:
     return summary(out, len(handles))
 
 
+def time_interleaved(ticks: int, gap_s: float = 0.002) -> tuple[dict[str, float], dict[str, float]]:
+    """vgpumon's collector (GPM path, slow set off) and the floor (``bare_tick``), tick by tick
+    in turn, each after the same pause, which one goes first alternating: both see the same
+    machine at the same moments (run one after the other, a drift of the host between the two
+    runs moved the ratio by ±10 % on the H200). Returns (vgpumon, floor) summaries per GPU."""
+    import pynvml as nv
+
+    from vgpumon.sources.nvml import NvmlSource
+
+    src = NvmlSource(slow_every=10**9, use_gpm=True)
+    gpus = src.start()
+    src.sample()  # tick 0 carries the slow set; also primes GPM and starts the XID waiter
+    src.sample()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    bare = bare_tick(nv, handles)
+    runs = ((src.sample, []), (bare, []))
+    for k in range(ticks):
+        for fn, out in runs if k % 2 == 0 else runs[::-1]:
+            time.sleep(gap_s)
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    src.close()
+    n = max(len(gpus), 1)
+    return summary(runs[0][1], n), summary(runs[1][1], n)
+
+
 def time_nvidia_smi(runs: int) -> dict[str, float]:
     out = []
     for _ in range(runs):
@@ -185,11 +215,8 @@ def main() -> None:
         import fake_nvml
 
         (fake_fastset if args.c_fake else fake_nvml).install(args.fake_gpus)
-        results = {
-            "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
-            "bare pynvml, same calls": time_bare_pynvml(args.ticks),
-        }
-        report(results, args.json)
+        ours, bare = time_interleaved(args.ticks)
+        report({"vgpumon fast set (GPM)": ours, "bare pynvml, same calls": bare}, args.json)
         return
     if args.alternate:
         for k in range(args.alternate):
@@ -197,10 +224,13 @@ def main() -> None:
             print(f"round {k + 1}: vgpumon {ours['median_ms']:.3f} ms, bare {bare['median_ms']:.3f} ms, "
                   f"ratio {ours['median_ms'] / bare['median_ms']:.2f}", flush=True)
         return
+    if args.profile:
+        time_collector(500, True, True)
+    ours, bare = time_interleaved(args.ticks)
     results = {
-        "vgpumon fast set (GPM)": time_collector(args.ticks, True, args.profile),
+        "vgpumon fast set (GPM)": ours,
         "vgpumon fast set (no GPM)": time_collector(args.ticks, False),
-        "bare pynvml, same calls": time_bare_pynvml(args.ticks),
+        "bare pynvml, same calls": bare,
         "nvidia-smi --query-gpu": time_nvidia_smi(args.runs),
         "nvitop Device.as_snapshot()": time_nvitop(args.runs * 4),
         "gpustat new_query()": time_gpustat(args.runs * 4),
@@ -216,6 +246,8 @@ def report(results: dict, json_out: Path | None) -> None:
             print(f"{name:<32} {r}")
             continue
         print(f"{name:<32} {r['median_ms']:>10.3f} {r['p90_ms']:>8.3f} {r['max_ms']:>8.3f} {r['median_ms'] / ours:>10.1f}")
+    floor = results["bare pynvml, same calls"]["median_ms"]
+    print(f"vgpumon / bare, interleaved tick by tick: {ours / floor:.2f}")
     if json_out:
         json_out.write_text(json.dumps(results, indent=1))
 
