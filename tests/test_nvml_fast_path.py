@@ -126,3 +126,36 @@ def test_the_cases_are_not_all_alike(lib):
     busy, _, _ = _read(lib, *CASES["busy, with processes"], fast=True)
     assert busy[-1][0].processes == ((4242, 30 << 30), (4243, None))
     assert busy[-1][0].utilization_gpu_ratio == pytest.approx(0.87)
+
+
+def _cached_then_back(lib, fn, fast):
+    """Eight ticks on which ``fn`` answers "not supported" on ticks 2-4 and normally after; the
+    cache holds it until the re-probe (10 000 ticks here), so it stays unknown."""
+    src = NvmlSource(LiveBackend(), slow_every=10**6, reprobe_every=10_000)
+    src.fast_path = fast
+    src.start()
+    try:
+        out = []
+        for tick in range(8):
+            lib.values, lib.errors = {}, ({fn: NOT_SUPPORTED} if 2 <= tick < 5 else {})
+            out.append([dataclasses.replace(s, ts=0.0) for s in src.sample().samples])
+        return out
+    finally:
+        src.close()
+        lib.values, lib.errors = {}, {}
+
+
+@pytest.mark.parametrize("fn, field", [
+    ("nvmlDeviceGetUtilizationRates", "utilization_gpu_ratio"),
+    ("nvmlDeviceGetPerformanceState", "performance_state"),
+    ("nvmlDeviceGetMemoryInfo_v2", "memory_used_bytes"),
+    ("nvmlDeviceGetComputeRunningProcesses_v3", "processes"),
+])
+def test_a_call_cached_as_not_supported_stays_unknown_on_the_straight_line_path(lib, fn, field):
+    """The calls the straight-line path always makes: once one answered "not supported" (MIG
+    turned on), the general path does not ask it again until the re-probe; the straight-line path
+    must not store its answer either when it comes back (MIG turned off)."""
+    general = _cached_then_back(lib, fn, fast=False)
+    fast = _cached_then_back(lib, fn, fast=True)
+    assert general[-1][0].missing.get(field) == "not supported"
+    assert fast == general

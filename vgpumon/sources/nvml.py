@@ -434,6 +434,12 @@ def _procs_of(arr: Any, n: int) -> list[tuple[int, Any]]:
     return procs
 
 
+#: Calls the straight-line path makes on every tick, whatever the "not supported" cache holds
+#: (the plain getters and the HBM temperature are left out of its plan when cached): while one
+#: of them is cached, the general path serves the device.
+_ALWAYS_ASKED = frozenset({"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
+                           "nvmlDeviceGetPerformanceState", "nvmlDeviceGetComputeRunningProcesses"})
+
 #: ``_FastPath._compile``'s code objects by source (plans repeat: each re-probe rebuilds them)
 _COMPILED: dict[str, Any] = {}
 
@@ -673,10 +679,13 @@ class _FastPath:
     def build(source: "NvmlSource", r: _Reader, gpu: GpuIdentity) -> "_FastPath | None":
         """The device's fast path, or ``None`` where the general path must serve (not the live
         backend, a driver without one of the C functions, memory API not decided as v2, a field
-        the door does not treat as a plain number)."""
+        the door does not treat as a plain number, a call it always makes cached as not
+        supported)."""
         parts_of = getattr(source.backend, "fast_parts", None)
         if parts_of is None or source._mem_api.get(gpu.index) != "v2" or r.watch is None:
             return None
+        if not _ALWAYS_ASKED.isdisjoint(r.unsupported.fns):
+            return None  # cached "not supported" until the re-probe: the general path does not ask it
         try:
             parts = parts_of(gpu.index, _FAST_CALLS)
         except NvmlCallError:
