@@ -275,7 +275,7 @@ def build_report(
             f"newest sample is {duration(fresh['age_seconds'])} old (more than {duration(max_age_seconds)}): is the agent running? "
             f"The findings are the last known, as of {clock(end)} UTC",
             since=end, kind="stale",
-            next_step="Check the agent on the host (systemctl status vgpumon, or its pod); the store keeps the last data it wrote.",
+            next_step="Check the agent on the host (systemctl status vgpumon-agent, or its pod); the store keeps the last data it wrote.",
         ))
     _finish(report)
     for b in blocks:

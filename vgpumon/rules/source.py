@@ -63,7 +63,7 @@ RULES: tuple[Rule, ...] = (
         Runbook(
             "One of the agent's sources stopped delivering while it should: NVML (a wedged call, the driver gone), the "
             "host sampler, or the vLLM poller. Everything the other alerts say about that source is now unknown, not healthy.",
-            "`systemctl status vgpumon` (or the DaemonSet's pod) and its log; `vgpumon diagnose <host> --max-age 2m`; "
+            "`systemctl status vgpumon-agent` (or the DaemonSet's pod) and its log; `vgpumon diagnose <host> --max-age 2m`; "
             "`nvidia-smi` on the host for NVML.",
             "Restart the agent; if NVML is wedged, `nvidia-smi` hangs too: the GPU or driver needs a reset.",
         ),
