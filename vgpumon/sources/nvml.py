@@ -440,7 +440,8 @@ def _procs_of(arr: Any, n: int) -> list[tuple[int, Any]]:
 _ALWAYS_ASKED = frozenset({"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
                            "nvmlDeviceGetPerformanceState", "nvmlDeviceGetComputeRunningProcesses"})
 
-#: ``_FastPath._compile``'s code objects by source (plans repeat: each re-probe rebuilds them)
+#: ``_FastPath._compile``'s code objects by source: plans repeat (each re-probe rebuilds them,
+#: identical GPUs share one), so a plan is compiled once
 _COMPILED: dict[str, Any] = {}
 
 
@@ -549,7 +550,9 @@ class _FastPath:
             ns[name] = x
             return name
 
-        gen_, index = r.generation, r.index
+        # the reader's generation and the device index are names, not literals, so that the same
+        # plan on another GPU, or after the watchdog gave up on a read, compiles to the same code
+        ns.update(GEN=r.generation, INDEX=r.index)
         code = ["def read(v):"]
         rets: list[str] = []
 
@@ -565,7 +568,7 @@ class _FastPath:
                     names.append(f"A{n}_{j}")
             code.append(f"    W.fn = {fn!r}")
             code.append(f"    r{n} = C{n}({', '.join(names)})")
-            code.append(f"    if W.generation != {gen_}: W.returned({index}, {fn!r})")
+            code.append(f"    if W.generation != GEN: W.returned(INDEX, {fn!r})")
             rets.append(f"r{n}")
 
         for fn, cfn, args in self.head_calls:
@@ -574,12 +577,12 @@ class _FastPath:
             code += [
                 "    W.fn = 'nvmlGpmSampleGet'",
                 "    try:",
-                f"        flat = GPM({index}, METRICS)",
+                "        flat = GPM(INDEX, METRICS)",
                 "    except NvmlCallError as exc:",
                 "        flat, gerr = None, exc",
                 "    else:",
                 "        gerr = None",
-                f"    if W.generation != {gen_}: W.returned({index}, 'nvmlGpmSampleGet')",
+                "    if W.generation != GEN: W.returned(INDEX, 'nvmlGpmSampleGet')",
             ]
         else:
             code.append("    flat = gerr = None")
@@ -594,8 +597,8 @@ class _FastPath:
             "    CNT.value = len(arr)",
             "    W.fn = 'nvmlDeviceGetComputeRunningProcesses'",
             "    rp = CP(H, CREF, arr)",
-            f"    if W.generation != {gen_}: W.returned({index}, 'nvmlDeviceGetComputeRunningProcesses')",
-            f"    procs = processes(W, {gen_}, {index}) if rp else procs_of(arr, CNT.value) if CNT.value else ()",
+            "    if W.generation != GEN: W.returned(INDEX, 'nvmlDeviceGetComputeRunningProcesses')",
+            "    procs = processes(W, GEN, INDEX) if rp else procs_of(arr, CNT.value) if CNT.value else ()",
         ]
         # anything unusual: the loop version, which decides case by case
         unusual = [*rets, "procs is None"]
@@ -669,7 +672,7 @@ class _FastPath:
         self.source_code = "\n".join(code) + "\n"
         compiled = _COMPILED.get(self.source_code)
         if compiled is None:  # a re-probe or reset rebuilds the same plan: compiled once (1 ms)
-            compiled = compile(self.source_code, f"<vgpumon fast path, GPU {index}>", "exec")
+            compiled = compile(self.source_code, "<vgpumon fast path>", "exec")
             if len(_COMPILED) < 256:
                 _COMPILED[self.source_code] = compiled
         exec(compiled, ns)  # noqa: S102 - our own code, from the plan above
