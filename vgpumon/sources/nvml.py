@@ -515,19 +515,22 @@ class _FastPath:
             for i, m in enumerate(GPM_METRICS)
         )
         self.source_code = ""
-        compiled = self._compile()
-        if compiled is not None:
-            self.read = compiled  # type: ignore[method-assign]
+        #: ``read(v)``: the whole fast set into ``v`` (memory, utilization, GPM where the device
+        #: has it, HBM temperature, the plain getters, P-state, processes), as
+        #: ``NvmlSource._sample_device`` reads them on the general path; ``None`` where the plan
+        #: holds a field kind ``_compile`` does not write (``build`` then refuses the device).
+        #: Raises ``DeviceDown`` on a lifecycle error (through the general path).
+        self.read = self._compile()
 
     def _compile(self) -> Callable[[dict[str, Any]], None] | None:
         """This device's ``read`` as one generated function, or ``None`` where a field's kind is
-        not one it handles (``read`` then serves).
+        not one it handles.
 
         The calls are written out one after the other with their arguments as constants; when
         every call answered and GPM gave every metric (the ordinary tick), each value is
         admitted inline, its field's bounds as constants: in range it is stored, otherwise
-        ``_Reader.put`` decides as on the general path. Any other tick goes to ``_admit``, the
-        loop version. Generated rather than written because the plan differs per device and
+        ``_Reader.put`` decides as on the general path. Any other tick goes to ``_admit``, which
+        decides case by case in loops. Generated rather than written because the plan differs per device and
         driver (calls answered "not supported" are left out, GPM only on GPM devices) and a loop
         over a plan costs about three times the Python per value (``namedtuple`` and
         ``dataclasses`` make their methods the same way). The source is kept in ``self.source_code``."""
@@ -600,7 +603,7 @@ class _FastPath:
             "    if W.generation != GEN: W.returned(INDEX, 'nvmlDeviceGetComputeRunningProcesses')",
             "    procs = processes(W, GEN, INDEX) if rp else procs_of(arr, CNT.value) if CNT.value else ()",
         ]
-        # anything unusual: the loop version, which decides case by case
+        # anything unusual: `_admit`, which decides case by case
         unusual = [*rets, "procs is None"]
         i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at
         if self.gpm is not None:
@@ -705,44 +708,15 @@ class _FastPath:
         gpm = getattr(source.backend, "gpm_flat", None) if gpu.gpm_supported else None
         if gpu.gpm_supported and gpm is None:
             return None
-        return _FastPath(source, r, gpu, parts, gpm)
-
-    def read(self, v: dict[str, Any]) -> None:
-        """The whole fast set into ``v``: memory (v2), utilization, GPM (where ``gpm`` is set),
-        HBM temperature, the plain getters, performance state and compute processes, as
-        ``NvmlSource._sample_device`` reads them on the general path. (An instance whose plan
-        compiled has its own straight-line ``read``, ``_compile``; this is the same in loops.)
-
-        Raises:
-            DeviceDown: on a lifecycle error (through the general path).
-        """
-        self._admit(v, *self._calls())
-
-    def _calls(self) -> tuple[list[int], Any, NvmlCallError | None, list[tuple[int, Any]] | None]:
-        """Every call of the fast set, in the general path's order: (return codes of the head and
-        tail calls, GPM's flat answer, GPM's error, the process list or ``None``)."""
-        r = self.r
-        w, gen, index = r.watch, r.generation, r.index
-        rets = []
-        for fn, cfn, args in self.head_calls:
-            w.fn = fn
-            rets.append(cfn(*args))
-            if w.generation != gen:
-                w.returned(index, fn)
-        flat = gpm_error = None
-        if self.gpm is not None:
-            flat, gpm_error = self._gpm_call(w, gen, index)
-        for fn, cfn, args in self.tail_calls:
-            w.fn = fn
-            rets.append(cfn(*args))
-            if w.generation != gen:
-                w.returned(index, fn)
-        return rets, flat, gpm_error, self._processes_call(w, gen, index)
+        fast = _FastPath(source, r, gpu, parts, gpm)
+        return fast if fast.read is not None else None
 
     def _admit(self, v: dict[str, Any], rets: list[int], flat: Any, gpm_error: NvmlCallError | None,
                procs: list[tuple[int, Any]] | None) -> None:
-        """Admit the answers of ``_calls`` into ``v``, whatever they are, in the general path's
-        order: a failed call is asked again through the general path, which decides.
+        """Admit the answers of the generated ``read``'s calls into ``v`` (return codes of the calls
+        before and after GPM, GPM's flat answer and error, the process list or ``None``),
+        whatever they are, in the general path's order: a failed call is asked again through
+        the general path, which decides.
 
         Raises:
             DeviceDown: on a lifecycle error (through the general path).
@@ -844,19 +818,6 @@ class _FastPath:
             _admit_processes(r, v, procs)
         else:
             v["processes"] = ()
-
-    def _gpm_call(self, w: "_Watch", gen: int, index: int) -> tuple[Any, NvmlCallError | None]:
-        """The GPM pair: (flat answer or ``None`` for a first sample, the error if it failed)."""
-        w.fn = "nvmlGpmSampleGet"
-        try:
-            flat = self.gpm(index, GPM_METRICS)
-        except NvmlCallError as exc:
-            if w.generation != gen:
-                w.returned(index, "nvmlGpmSampleGet")
-            return None, exc
-        if w.generation != gen:
-            w.returned(index, "nvmlGpmSampleGet")
-        return flat, None
 
     def _processes_call(self, w: "_Watch", gen: int, index: int) -> list[tuple[int, Any]] | None:
         """The compute processes (v3 structs) as ``(pid, usedGpuMemory)``; more than fit: grow as
