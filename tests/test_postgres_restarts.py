@@ -4,18 +4,11 @@ is stopped and started ten times while an agent replays an 8-GPU capture into it
 from __future__ import annotations
 
 import asyncio
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-import pytest
 from conftest import H200_CAPTURE
+from postgres_support import private_postgres  # noqa: F401 - the fixture
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
@@ -28,68 +21,6 @@ from vgpumon.store.spool import Backlog
 from vgpumon.testing import scenarios
 
 RESTARTS = 10
-
-
-def _pg_bindir() -> Path | None:
-    try:
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
-        if (Path(out) / "initdb").exists():
-            return Path(out)
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivatePostgres:
-    """A throwaway Postgres cluster in a temporary directory, on a free port. Postgres refuses to
-    run as root, so as root (CI) every command runs as the ``postgres`` OS user."""
-
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="vgpumon-pg-"))
-        self.data = self.root / "data"
-        self.port = _free_port()
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres", "postgres")
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, tool: str, *args: str) -> None:
-        subprocess.run(self.as_user + [str(self.bindir / tool), *args], check=True, capture_output=True, timeout=60)
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def destroy(self) -> None:
-        try:
-            self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-@pytest.fixture
-def private_postgres():
-    bindir = _pg_bindir()
-    if bindir is None:
-        pytest.skip("no Postgres server binaries (initdb, pg_ctl) on this machine")
-    pg = PrivatePostgres(bindir)
-    pg.start()
-    yield pg
-    pg.destroy()
 
 
 def test_every_tick_stored_exactly_once_across_ten_postgres_restarts(private_postgres, tmp_path):

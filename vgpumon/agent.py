@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -41,6 +42,7 @@ from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.codec import encode_gpu_sample, storable
+from vgpumon.store.engine import describe_store
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
 from vgpumon.workers import DaemonExecutor, Latch, name_os_thread
@@ -68,7 +70,9 @@ class AgentStats:
         rows_spooled: rows left in the spool at exit; the next run replays them.
         rows_folded: raw ticks folded into 1-minute rollups because a backlog bound was reached
             (their full resolution is lost; the rollups are stored).
-        outages: times the store became unreachable.
+        outages: times the store became unreachable (or silent: see ``store_stalls``).
+        store_stalls: times a store call went ``store_deadline`` seconds without an answer and the
+            store's connections were cut (each also begins an outage when rows were in flight).
         gpus: GPUs found.
         vllm_samples: vLLM samples taken (one per server per poll).
         vllm_rows_folded: vLLM samples folded away while a backlog bound was reached (their
@@ -87,12 +91,18 @@ class AgentStats:
     rows_spooled: int = 0
     rows_folded: int = 0
     outages: int = 0
+    store_stalls: int = 0
     gpus: int = 0
     vllm_samples: int = 0
     vllm_rows_folded: int = 0
     vllm_restarts: int = 0
     dead_letters: int = 0
     ticks_skipped: int = 0
+
+
+#: At stop, the longest wait for a silent store before its connections are cut (the systemd unit
+#: gives the agent 30 s to stop; a live store's writes take milliseconds).
+STOP_GRACE_S = 10.0
 
 
 class _Interrupted(Exception):
@@ -153,6 +163,12 @@ class Agent:
             (default: half the interval, 0.25–5 s; a normal read takes under a millisecond).
         rules: evaluates the rule catalogue over the store on its own thread and sends alerts to
             its sinks (``vgpumon.rules.runner``); ``None`` evaluates none. Needs a store.
+        store_deadline: seconds a store call (a write, a rules read, a registration) may go
+            without the store's pool moving before the store counts as silent: its connections
+            are cut (``ConnectionWatch.cut``), the call fails as a lost connection, the rows go
+            to the backlog and an outage begins. ``vgpumon agent`` sets it above the longest
+            wait the store's own settings allow (docs/store.md). At stop the agent waits at most
+            ``min(store_deadline, STOP_GRACE_S)`` for a silent store.
     """
 
     def __init__(
@@ -182,6 +198,7 @@ class Agent:
         kubernetes: "KubernetesSource | None" = None,
         call_deadline: float | None = None,
         rules: "RuleRunner | None" = None,
+        store_deadline: float = 75.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -231,7 +248,12 @@ class Agent:
         self._stopping = Latch()  # set with the run's stop: ends the sampling thread's pause
         self._host_sample: HostSample | None = None  # taken on the NVML thread after its tick
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
-        self._store_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-store", initializer=name_os_thread)
+        self.store_deadline = store_deadline
+        self._store_abandoned = False  # a call on a silent store outlived its cut: left behind at exit
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # a daemon thread too: a call stuck on a silent store that even a cut cannot end must
+        # not keep the process from exiting
+        self._store_exec = DaemonExecutor("vgpumon-store")
         self._host_exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-host", initializer=name_os_thread)
         self.rules = rules if store is not None else None
         self.kubernetes = kubernetes
@@ -410,6 +432,8 @@ class Agent:
                     return
         elif entries:
             self._enqueue(entries)
+        if self._outage_since is not None and self._stopping.is_set():
+            return  # stopping during an outage: what is held stays in the spool for the next run
         while (entry := self.backlog.peek()) is not None:
             try:
                 self._write_isolating(entry.kind, entry.rows)
@@ -451,8 +475,68 @@ class Agent:
             log.exception("store thread failed; %d ticks kept for the next flush", len(batch))
             self._pending.extendleft(reversed(batch))  # writes skip stored rows: a second attempt is harmless
 
+    def _silence(self) -> float:
+        """Seconds the longest call on the store's or the rules' thread has run with no movement
+        in the store's pool (no connection opened, lent or taken back); 0 when none runs."""
+        if self.store is None:
+            return 0.0
+        now, moved = time.monotonic(), self.store.watch.moved_at
+        longest = 0.0
+        for executor in (self._store_exec, getattr(self.rules, "executor", None)):
+            since = executor.running_since if executor is not None else None
+            if since is not None:
+                longest = max(longest, now - max(since, moved))
+        return longest
+
+    def _cut_if_silent(self, deadline: float) -> bool:
+        """When a store call has gone ``deadline`` seconds without an answer (``_silence``), the
+        store is silent: cut its connections so that the call fails as a lost connection and the
+        usual outage path (backlog, retries) takes over. On the event loop; True after a cut."""
+        silent = self._silence()
+        if silent < deadline:
+            return False
+        assert self.store is not None
+        watch = self.store.watch
+        watch.moved_at = time.monotonic()  # the next look only after another deadline without movement
+        cut = watch.cut()
+        if not cut:  # connecting: libpq's connect_timeout ends that wait
+            log.debug("store silent for %.0f s while connecting; no connection to cut", silent)
+            return False
+        self.stats.store_stalls += 1
+        log.error(
+            "store %s has not answered for %.0f s: %d connection(s) closed; the rows in flight go to the %s, "
+            "and it is retried at each flush", describe_store(self.store.engine), silent, cut,
+            "spool" if self.backlog.spool_dir is not None else "memory buffer",
+        )
+        return True
+
+    async def _settle(self, task: "asyncio.Future[Any] | None", what: str) -> None:
+        """At stop: wait for ``task`` (store work), cutting a silent store's connections after
+        ``min(store_deadline, STOP_GRACE_S)`` seconds without an answer; when the call still
+        has not returned another such span later, leave it behind and say so (the process must
+        exit)."""
+        if task is None:
+            return
+        deadline = min(self.store_deadline, STOP_GRACE_S)
+        silent_at: float | None = None
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return
+            if silent_at is None:
+                if self._silence() >= deadline:
+                    silent_at = time.monotonic()
+                    self._cut_if_silent(deadline)
+            elif time.monotonic() - silent_at >= deadline:
+                log.error("%s did not end after the store's connections were closed; left behind", what)
+                self._store_abandoned = True
+                return
+
     def _flush(self) -> None:
-        if self.store is None or (not self._pending and len(self.backlog) == 0):
+        if self.store is None:
+            return
+        self._cut_if_silent(self.store_deadline)
+        if not self._pending and len(self.backlog) == 0:
             return
         if self._writer is not None and not self._writer.done():
             return  # the next flush takes these rows along
@@ -460,11 +544,11 @@ class Agent:
         self._writer = asyncio.get_running_loop().create_task(self._write(batch))
 
     async def _drain(self) -> None:
-        if self._writer is not None:
-            await self._writer
+        await self._settle(self._writer, "a store write")
+        if self._store_abandoned:
+            return
         self._flush()
-        if self._writer is not None:
-            await self._writer
+        await self._settle(self._writer, "the last store write")
 
     def _register_blocking(self) -> None:
         """Register the source's GPUs (and the PCIe topology above them) through the store thread;
@@ -472,15 +556,29 @@ class Agent:
         self._registered = self.source.gpus
         if self.store is None:
             return
-        self._gpu_ids = self._store_exec.submit(self.store.register_gpus, self.hostname, self.source.gpus).result()
-        self._host_id = self._store_exec.submit(self.store.host_id, self.hostname).result()
+        self._gpu_ids = self._store_call(self.store.register_gpus, self.hostname, self.source.gpus)
+        self._host_id = self._store_call(self.store.host_id, self.hostname)
         if self.retention is not None:
             self.retention.active_gpus = set(self._gpu_ids.values())
         if self.sysfs_root is not None and self._host_id is not None:
             from vgpumon.sources.pcie_topology import read_topology
 
             self.topology = read_topology(self.source.gpus, self.sysfs_root)
-            self._store_exec.submit(self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time()).result()
+            self._store_call(self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time())
+
+    def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the store thread, waited for from another thread (not the event loop),
+        cutting a silent store's connections (``_cut_if_silent``) so that it raises instead of
+        waiting for ever."""
+        fut = self._store_exec.submit(fn, *args)
+        while True:
+            try:
+                return fut.result(timeout=1.0)
+            except FutureTimeout:
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._cut_if_silent, self.store_deadline)
+                else:
+                    self._cut_if_silent(self.store_deadline)
 
     async def _register(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._host_exec, self._register_blocking)
@@ -851,6 +949,7 @@ class Agent:
             StoreUnavailableError: the store cannot register the host's GPUs at start.
         """
         stop = stop or asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         stop_watch = asyncio.get_running_loop().create_task(stop.wait())
         stop_watch.add_done_callback(lambda _: self._stopping.set())
         vllm_stop = asyncio.Event()
@@ -888,8 +987,9 @@ class Agent:
                 await k8s_task
                 self.kubernetes.close()  # type: ignore[union-attr]
             await self._drain()
-            if self.rules is not None:
-                await self.rules.finish()  # a last evaluation over every row written, sinks flushed
+            if self.rules is not None:  # a last evaluation over every row written (not during an outage), sinks flushed
+                finish = asyncio.ensure_future(self.rules.finish(evaluate=self._outage_since is None and not self._store_abandoned))
+                await self._settle(finish, "the rules' last evaluation")
             self.stats.rows_pending = len(self._pending) + self.backlog.memory_rows
             self.stats.rows_spooled = self.backlog.spooled_rows
             self.stats.rows_folded = self.backlog.folded_rows
@@ -904,6 +1004,10 @@ class Agent:
             if self.stats.rows_pending:
                 log.error("%d rows could not be stored or spooled before exit", self.stats.rows_pending)
             await asyncio.get_running_loop().run_in_executor(self._nvml_exec, self.source.close)
-            for executor in (self._nvml_exec, self._store_exec, self._host_exec):
+            for executor in (self._nvml_exec, self._host_exec):
                 executor.shutdown(wait=True)
+            if self._store_abandoned:
+                self._store_exec.abandon()
+            else:
+                self._store_exec.shutdown(wait=True)
         return self.stats

@@ -97,6 +97,15 @@ def make_plan(
     }
 
 
+def store_deadline(statement_timeout: float, busy_timeout: float, connect_timeout: float) -> float:
+    """Seconds a store call may go without an answer before the agent counts the store as silent
+    and cuts its connections (``Agent.store_deadline``): past the longest wait the store's own
+    settings allow a healthy store — a statement the server cancels at ``statement_timeout``
+    (Postgres) or a lock waited for ``busy_timeout`` (SQLite), after a reconnection of up to
+    ``connect_timeout`` — plus 10 s. 75 s with the defaults (60 + 5 + 10)."""
+    return max(statement_timeout, busy_timeout) + connect_timeout + 10.0
+
+
 def run(plan: dict[str, Any]) -> int:
     """Run the agent a plan describes until SIGINT/SIGTERM or its duration; prints the closing
     summary on stderr.
@@ -182,6 +191,7 @@ def run(plan: dict[str, Any]) -> int:
         kubernetes=kubernetes,
         call_deadline=a["call_deadline"],
         rules=rules,
+        store_deadline=store_deadline(st["statement_timeout_s"], st["busy_timeout_ms"] / 1000, st["connect_timeout_s"]),
     )
     api = api_config(plan)
     # What exists now (modules, the catalogue, SQLAlchemy's tables and caches) lives as long as the

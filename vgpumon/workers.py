@@ -14,6 +14,7 @@ import ctypes.util
 import queue
 import sys
 import threading
+import time
 from concurrent.futures import Executor, Future
 from typing import Any, Callable
 
@@ -113,11 +114,14 @@ class DaemonExecutor(Executor):
             queue.SimpleQueue()
         )
         self._closed = False
-        self._thread = threading.Thread(target=self._run, args=(self._queue,), name=name, daemon=True)
+        # [monotonic start of the call running now, or None while idle]: a list the thread sets,
+        # so that the thread holds no reference to the executor
+        self._since: list[float | None] = [None]
+        self._thread = threading.Thread(target=self._run, args=(self._queue, self._since), name=name, daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _run(q: "queue.SimpleQueue[Any]") -> None:
+    def _run(q: "queue.SimpleQueue[Any]", since: list[float | None]) -> None:
         name_os_thread()
         while True:
             item = q.get()
@@ -126,11 +130,14 @@ class DaemonExecutor(Executor):
             future, fn, args, kwargs = item
             if not future.set_running_or_notify_cancel():
                 continue
+            since[0] = time.monotonic()
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                since[0] = None
                 future.set_exception(exc)
             else:
+                since[0] = None
                 future.set_result(result)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:  # type: ignore[override]
@@ -159,6 +166,12 @@ class DaemonExecutor(Executor):
         nothing waits for it, the interpreter included."""
         self._closed = True
         self._queue.put(None)
+
+    @property
+    def running_since(self) -> float | None:
+        """``time.monotonic()`` when the call running now began; ``None`` while the thread waits
+        for one."""
+        return self._since[0]
 
     @property
     def busy(self) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from vgpumon.alerts.lifecycle import AlertBook, Changes
@@ -29,7 +29,7 @@ from vgpumon.rules.engine import Engine
 from vgpumon.rules.view import CarriedValues, HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
-from vgpumon.workers import name_os_thread
+from vgpumon.workers import DaemonExecutor
 
 if TYPE_CHECKING:
     from vgpumon.exporter.feed import AlertSample
@@ -75,7 +75,9 @@ class RuleRunner:
         self._published_alerts: list[dict[str, object]] = []
         #: data time of the newest evaluation (``None`` before the first)
         self.evaluated_at: float | None = None
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-rules", initializer=name_os_thread)
+        # a daemon thread: a read stuck on a silent store must not keep the process from exiting
+        # (the agent watches ``executor.running_since`` and cuts such a store's connections)
+        self._exec = DaemonExecutor("vgpumon-rules")
         self._task: asyncio.Task[None] | None = None
         self._last_poke: float | None = None
         self._last_at: float | None = None
@@ -114,15 +116,20 @@ class RuleRunner:
             and (self._last_poke is None or data_ts - self._last_poke >= self.interval)
         )
 
-    async def finish(self) -> None:
-        """At the agent's stop (every row written): a last cycle up to the newest tick, then the
-        sinks get a few seconds to deliver."""
+    @property
+    def executor(self) -> DaemonExecutor:
+        """The rules' thread (its ``running_since`` tells the agent how long a read has run)."""
+        return self._exec
+
+    async def finish(self, evaluate: bool = True) -> None:
+        """At the agent's stop (every row written): a last cycle up to the newest tick (unless
+        ``evaluate`` is false: the store is away), then the sinks get a few seconds to deliver."""
         if self._task is not None:
             await self._task
-        if self._store is not None:
+        if self._store is not None and evaluate:
             await self._cycle(final=True)
         await self.dispatcher.close()
-        self._exec.shutdown(wait=True)
+        self._exec.shutdown(wait=False)  # idle by now; its thread ends on its own
 
     async def _cycle(self, final: bool = False) -> None:
         loop = asyncio.get_running_loop()

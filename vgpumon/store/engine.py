@@ -16,7 +16,10 @@ sessions are ``default_transaction_read_only``.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -53,6 +56,65 @@ def describe_store(url: URL | Engine) -> str:
     url = url.url if isinstance(url, Engine) else url
     file = sqlite_file(url)
     return str(file) if file is not None else mask_secrets(url.render_as_string(hide_password=True))
+
+
+class ConnectionWatch:
+    """The DBAPI connections an engine's pool holds, and when the pool last opened, lent or took
+    back one: how the agent tells a silent store from a slow one, and makes a call stuck on a
+    silent one fail.
+
+    A Postgres server that accepts a connection and then never answers (a paused VM, a stalled
+    proxy or storage, a stopped postmaster) leaves a query waiting for ever: the kernel still
+    acknowledges every packet, so neither TCP keepalives nor libpq's ``connect_timeout`` end it,
+    and the server's ``statement_timeout`` needs a server that runs. ``cut`` ends such a wait from
+    another thread: it shuts down each Postgres connection's socket (the waiting call fails at
+    once as a lost connection: psycopg's ``OperationalError``, the pool invalidates the
+    connection) and interrupts each SQLite one (``sqlite3.Connection.interrupt``). The caller's
+    usual "store unavailable" path then takes over (the agent spools the rows and retries).
+
+    Args:
+        engine: the engine whose pool is watched (pool events ``connect``, ``checkout``,
+            ``checkin``, ``close``, ``close_detached``, ``detach``).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        #: ``time.monotonic()`` of the pool's last connect, checkout or checkin
+        self.moved_at = time.monotonic()
+        self._conns: dict[int, Any] = {}
+        event.listen(engine, "connect", self._connected)
+        event.listen(engine, "checkout", self._moved)
+        event.listen(engine, "checkin", self._moved)
+        for gone in ("close", "close_detached", "detach"):
+            event.listen(engine, gone, self._closed)
+
+    def _connected(self, dbapi_connection: Any, *_: Any) -> None:
+        self._conns[id(dbapi_connection)] = dbapi_connection
+        self.moved_at = time.monotonic()
+
+    def _moved(self, *_: Any) -> None:
+        self.moved_at = time.monotonic()
+
+    def _closed(self, dbapi_connection: Any, *_: Any) -> None:
+        self._conns.pop(id(dbapi_connection), None)
+
+    def cut(self) -> int:
+        """Make every call waiting on one of the pool's connections fail now (see the class);
+        returns how many connections were cut. Safe from any thread; never raises."""
+        cut = 0
+        for conn in list(self._conns.values()):
+            try:
+                pgconn = getattr(conn, "pgconn", None)
+                if pgconn is not None:  # psycopg: shut the socket down under the waiting call
+                    with socket.socket(fileno=os.dup(pgconn.socket)) as sock:
+                        sock.shutdown(socket.SHUT_RDWR)
+                elif isinstance(conn, sqlite3.Connection):
+                    conn.interrupt()
+                else:
+                    continue
+                cut += 1
+            except Exception:  # noqa: BLE001 - closed meanwhile, or not a socket: nothing waits on it
+                continue
+        return cut
 
 
 def _sqlite_pragmas(busy_timeout_ms: int, read_only: bool) -> Any:

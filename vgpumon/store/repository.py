@@ -16,7 +16,7 @@ from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
-from vgpumon.store.engine import describe_store, make_engine, normalise_url, sqlite_access, sqlite_file, unavailable
+from vgpumon.store.engine import ConnectionWatch, describe_store, make_engine, normalise_url, sqlite_access, sqlite_file, unavailable
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import (
     TIME_TABLES,
@@ -173,6 +173,8 @@ class Store:
             )
         self.engine = engine
         self.dialect = engine.dialect.name
+        #: the pool's connections and its last movement: the agent cuts a silent store's (``ConnectionWatch``)
+        self.watch = ConnectionWatch(engine)
         #: (table, day ms) partitions known to exist (Postgres).
         self._partitions: set[tuple[str, int]] = set()
         self._extra_inserts = {name: insert_ignoring_duplicates(self.dialect, t) for name, t in _TABLES.items()}

@@ -1,0 +1,106 @@
+"""A private, throwaway Postgres server for the tests that stop, crash or freeze one: started
+with the machine's own ``initdb``/``pg_ctl``, on a free port, in a temporary directory."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def _pg_bindir() -> Path | None:
+    try:
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+        if (Path(out) / "initdb").exists():
+            return Path(out)
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivatePostgres:
+    """A throwaway Postgres cluster in a temporary directory, on a free port. Postgres refuses to
+    run as root, so as root (CI) every command runs as the ``postgres`` OS user."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="vgpumon-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run(self.as_user + [str(self.bindir / tool), *args], check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def destroy(self) -> None:
+        try:
+            self.thaw()  # a test that failed while the server was frozen
+        except (OSError, ValueError):
+            pass
+        try:
+            self.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+    def processes(self) -> list[int]:
+        """The postmaster's PID and its children's (every backend and helper process)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def freeze(self) -> None:
+        """Stop every process of the server (SIGSTOP): connections stay open and the kernel still
+        acknowledges what is sent, but nothing answers — a paused VM, stalled storage."""
+        for pid in self.processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self.processes():
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def private_postgres():
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("no Postgres server binaries (initdb, pg_ctl) on this machine")
+    pg = PrivatePostgres(bindir)
+    pg.start()
+    yield pg
+    pg.destroy()
+

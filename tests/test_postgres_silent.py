@@ -1,0 +1,139 @@
+"""A Postgres server that stops answering without closing anything (every process of a private
+server SIGSTOPped: a paused VM, stalled storage, a hung proxy). The kernel still acknowledges
+every packet, so no timeout of the network or of libpq ends a query in flight: the agent must
+notice that its store went silent, keep every tick, count the outage, and still stop on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from conftest import H200_CAPTURE
+from postgres_support import private_postgres  # noqa: F401 - the fixture
+from sqlalchemy import text
+
+from vgpumon.agent import Agent
+from vgpumon.rules.runner import RuleRunner
+from vgpumon.sources.nvml import NvmlSource
+from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.store import open_store
+from vgpumon.store.engine import make_engine
+from vgpumon.store.spool import Backlog
+from vgpumon.testing import scenarios
+
+DEADLINE = 1.0  # seconds without an answer before the store counts as silent (75 s by default)
+
+
+def _agent(pg_url: str, spool, ticks_x: int = 4) -> tuple[Agent, object]:
+    header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
+    header, ticks = scenarios.repeat(header, ticks, ticks_x)
+    store = open_store(pg_url, connect_timeout_s=2)
+    agent = Agent(
+        NvmlSource(scenarios.backend(header, ticks)), store, hostname="gpu-host-silent",
+        interval=0.1, paced=True, flush_every=0.2, backlog=Backlog(spool), store_deadline=DEADLINE,
+        rules=RuleRunner(sinks=[], wall=None),
+    )
+    return agent, store
+
+
+def _run(agent: Agent, script) -> None:
+    """Run ``agent`` until ``script`` (on a thread, given a stop function) returns; fail rather
+    than hang when the agent does not stop."""
+    stop = asyncio.Event()
+    failure: list[BaseException] = []
+    finished = threading.Event()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+
+        def drive() -> None:
+            try:
+                script()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failure.append(exc)
+            finally:
+                loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=drive, daemon=True).start()
+        await agent.run(stop)
+
+    def main() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # noqa: BLE001
+            failure.append(exc)
+        finally:
+            finished.set()
+
+    threading.Thread(target=main, daemon=True).start()
+    assert finished.wait(120), "the agent did not stop while its store was silent"
+    assert failure == []
+
+
+def _stored(pg_url: str) -> tuple[int, int, set[int]]:
+    engine = make_engine(pg_url)
+    with engine.connect() as conn:
+        total, distinct = conn.execute(text("SELECT count(*), count(DISTINCT ts) FROM gpu_samples")).one()
+        per_tick = set(conn.scalars(text("SELECT count(*) FROM gpu_samples GROUP BY ts")))
+    engine.dispose()
+    return total, distinct, per_tick
+
+
+def test_a_store_gone_silent_mid_run_is_cut_loose_and_every_tick_stored_once(private_postgres, tmp_path):
+    pg = private_postgres
+    agent, store = _agent(pg.url, tmp_path / "spool")
+
+    def script() -> None:
+        time.sleep(2.0)  # rows and a rules cycle stored while it answers
+        pg.freeze()
+        time.sleep(4.0)  # the agent samples on; its store calls hang until it cuts them
+        pg.thaw()
+        time.sleep(3.0)  # the held rows are replayed
+
+    try:
+        _run(agent, script)
+    finally:
+        store.close()
+    s = agent.stats
+    assert s.store_stalls >= 1, "the silent store was never noticed"
+    assert s.outages >= 1
+    assert s.rows_spooled == 0 and s.rows_pending == 0 and s.dead_letters == 0
+    total, distinct, per_tick = _stored(pg.url)
+    assert distinct == s.ticks, "a tick taken while the store was silent is missing (or stored twice)"
+    assert per_tick == {2}
+    assert total == s.ticks * 2
+    assert agent.rules is not None and agent.rules.evaluations >= 1
+
+
+def test_a_stop_while_the_store_is_silent_ends_the_run_and_spools_every_tick(private_postgres, tmp_path):
+    pg = private_postgres
+    spool = tmp_path / "spool"
+    agent, store = _agent(pg.url, spool)
+
+    def script() -> None:
+        time.sleep(1.5)
+        pg.freeze()
+        time.sleep(0.5)  # SIGTERM now: a write is (or soon will be) stuck on the silent server
+
+    try:
+        _run(agent, script)
+    finally:
+        pg.thaw()
+        store.close()
+    first = agent.stats
+    assert first.rows_pending == 0, "ticks were lost at exit"
+    assert first.rows_spooled > 0, "the ticks taken while the store was silent were not spooled"
+    assert first.store_stalls >= 1
+
+    # the next run replays the spool: every tick of the first run is stored, once
+    again, store = _agent(pg.url, spool, ticks_x=1)
+    try:
+        _run(again, lambda: time.sleep(1.5))
+    finally:
+        store.close()
+    assert again.stats.rows_spooled == 0 and again.stats.rows_pending == 0
+    total, distinct, per_tick = _stored(pg.url)
+    assert per_tick == {2} and total == distinct * 2
+    assert distinct >= first.ticks  # the second run's ticks repeat the first's times: stored once
