@@ -131,9 +131,32 @@ def test_db_commands_upgrade_stats_and_prune(tmp_path):
     assert "gpu_samples_1m" in text and "oldest (UTC)" in text
 
 
-def test_db_commands_on_an_unreachable_store_exit_69_with_one_line():
+def test_an_agent_whose_store_is_down_at_start_exits_75_and_its_unit_restarts_it():
+    """A fleet's Postgres down (or restarting) while an agent starts: exit 75, which the systemd
+    unit restarts on, not 69, which it does not (the host used to stay unmonitored)."""
+    import os
+    import re
+    from pathlib import Path
+
+    out = run("agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "postgresql+psycopg://vgpumon@127.0.0.1:1/fleet")
+    assert out.returncode == 75, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Connection refused" in out.stderr
+    unit = (Path(__file__).resolve().parents[1] / "exporters" / "systemd" / "vgpumon-agent.service").read_text()
+    assert re.search(r"^Restart=on-failure$", unit, re.M)
+    prevented = {int(c) for line in re.findall(r"^RestartPreventExitStatus=(.*)$", unit, re.M) for c in line.split()}
+    assert 75 not in prevented and 69 in prevented
+    url = os.environ.get("VGPUMON_TEST_POSTGRES_URL")
+    if url:  # a server that answers "no such role" needs a person: 69, not restarted for nothing
+        from sqlalchemy.engine import make_url
+
+        wrong = make_url(url).set(username="no_such_role_vgpumon").render_as_string(hide_password=False)
+        out = run("agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", wrong)
+        assert out.returncode == 69 and "does not exist" in out.stderr, out.stderr
+
+
+def test_db_commands_on_an_unreachable_store_exit_75_with_one_line():
     out = run("db", "stats", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
-    assert out.returncode == 69
+    assert out.returncode == 75  # EX_TEMPFAIL: out of reach for now
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert run("db", "prune", "--raw-retention", "2d", "--rollup-retention", "1d").returncode == 64
 

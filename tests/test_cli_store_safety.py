@@ -220,7 +220,7 @@ def test_a_database_that_never_answers_is_unknown_within_10_s(silent_postgres):
     assert "hunter2" not in out.stdout + out.stderr
     start = time.monotonic()
     stats = run("db", "stats", "--db", silent_postgres, env={"VGPUMON_STORE__CONNECT_TIMEOUT": "2s"})
-    assert stats.returncode == 69 and "timeout" in _one_line(stats)
+    assert stats.returncode == 75 and "timeout" in _one_line(stats)
     assert time.monotonic() - start < 10.0
 
 
@@ -248,7 +248,7 @@ def test_passwords_never_reach_the_screen(tmp_path, silent_postgres):
         assert "hunter2" not in out.stdout + out.stderr
     assert 'url = "postgresql+psycopg://monitor:***@127.0.0.1:1/fleet"  # from VGPUMON_DB' in shown.stdout
     assert json.loads(shown_json.stdout)["settings"]["store"]["url"]["value"] == "postgresql+psycopg://monitor:***@127.0.0.1:1/fleet"
-    assert failed.returncode == 69 and "monitor:***@" in failed.stderr
+    assert failed.returncode == 75 and "monitor:***@" in failed.stderr
 
 
 @pytest.mark.skipif(not os.environ.get(POSTGRES_ENV), reason=f"needs Postgres ({POSTGRES_ENV})")

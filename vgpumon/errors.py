@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 69  # EX_UNAVAILABLE: no NVIDIA driver / library, or the store cannot be used
     SOFTWARE = 70  # EX_SOFTWARE: unexpected internal error
     IOERR = 74  # EX_IOERR: the output could not be written (disk full, a closed terminal)
+    TEMPFAIL = 75  # EX_TEMPFAIL: the store is unreachable or not answering now; try again later
     INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C (every command but the agent, which stops cleanly: 0)
 
 
@@ -67,6 +68,17 @@ class OutputError(VgpumonError):
 class StoreUnavailableError(VgpumonError):
     """The store (database) cannot be opened, queried or written: unreachable, timed out,
     read-only, full, of a newer schema, or holding something else. ``diagnose`` reports it as
-    UNKNOWN (3); every other command exits 69."""
+    UNKNOWN (3); every other command exits 69, or 75 for a store that is only out of reach for
+    now (``StoreUnreachableError``)."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class StoreUnreachableError(StoreUnavailableError):
+    """The store cannot be reached or does not answer now (connection refused, a timeout, a
+    server shutting down or full of connections, a SQLite file locked by another writer): a
+    condition that passes, unlike a wrong password, a missing database or a newer schema. Exit 75
+    (``EX_TEMPFAIL``), so that a supervisor restarts the agent (the systemd unit does; it does not
+    restart on 69)."""
+
+    exit_code = ExitCode.TEMPFAIL

@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.errors import StoreUnavailableError, StoreUnreachableError
 from vgpumon.masking import mask_secrets
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -47,7 +47,51 @@ def unavailable(engine_or_url: Engine | URL | str, exc: BaseException | str) -> 
     shown = describe_store(url) if isinstance(url, URL) else str(url)
     detail = exc if isinstance(exc, str) else str(getattr(exc, "orig", None) or exc).strip()
     first = (detail.splitlines() or [type(exc).__name__])[0]
-    return StoreUnavailableError(mask_secrets(f"store {shown} unavailable: {first}"))
+    kind = StoreUnreachableError if not isinstance(exc, str) and transient(exc) else StoreUnavailableError
+    return kind(mask_secrets(f"store {shown} unavailable: {first}"))
+
+
+#: SQLSTATE classes of a condition that passes: 08 connection exception, 53 insufficient
+#: resources (too many connections, disk full), 57 operator intervention (shutting down, starting
+#: up, a statement cancelled by ``statement_timeout``), 40 transaction rollback (serialization,
+#: deadlock), 55P03 lock not available.
+_TRANSIENT_SQLSTATE = ("08", "53", "57", "40", "55P03")
+#: libpq's "FATAL:" refusals at connection that pass (Postgres 12–17 wording).
+_TRANSIENT_FATAL = ("starting up", "shutting down", "recovery mode", "too many clients", "connection slots", "terminating connection")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a store failure is one that passes by itself (the server unreachable, restarting,
+    not answering, out of connections; a SQLite file locked by another writer) rather than one
+    that needs a person (a wrong password or database name, a read-only or corrupt file, a newer
+    schema). Decides between exit 75 and 69 (``StoreUnreachableError``).
+
+    Postgres: a connection-level error with no SQLSTATE (refused, timed out, the connection lost)
+    or one of ``_TRANSIENT_SQLSTATE``. SQLite: "database is locked". SQLAlchemy's pool timeout.
+    """
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+    if isinstance(exc, PoolTimeoutError):
+        return True
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(orig, sqlite3.OperationalError):
+        return "locked" in str(orig) or "busy" in str(orig)
+    if not type(orig).__module__.startswith("psycopg"):  # no psycopg import for a SQLite store
+        return False
+    import psycopg
+
+    if not isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return False
+    state = str(getattr(orig, "sqlstate", "") or "")
+    if state:
+        return state.startswith(_TRANSIENT_SQLSTATE)
+    # libpq's connection errors carry no SQLSTATE: a server that answered FATAL is reachable, and
+    # only its passing refusals are transient (a wrong role, database or password is not)
+    message = str(orig)
+    if "FATAL:" not in message:
+        return True  # refused, timed out, host not found, the connection lost
+    return any(p in message for p in _TRANSIENT_FATAL)
 
 
 def describe_store(url: URL | Engine) -> str:
