@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import H200_CAPTURE, replay_into
 
 from vgpumon.agent import Agent
@@ -77,7 +78,8 @@ def test_sigterm_during_a_wedge_ends_the_agent_at_once(tmp_path):
     assert ticks_taken >= 8
 
 
-def test_a_paced_run_gives_up_on_a_wedged_call_on_its_own_thread(tmp_path, store_of):
+@pytest.mark.parametrize("watchdog", ["auto", "thread"])  # the SIGALRM timer (main thread), the thread
+def test_a_paced_run_gives_up_on_a_wedged_call_on_its_own_thread(tmp_path, store_of, watchdog):
     """The daemon's path: ticks paced at 0.5 s on the sampling thread, GPU 3's power read hanging
     6 s at tick 3. The watchdog gives up on it after the deadline (0.25 s): the other 7 GPUs keep
     every tick, GPU 3 is down while the call hangs and read again after it returns."""
@@ -86,7 +88,7 @@ def test_a_paced_run_gives_up_on_a_wedged_call_on_its_own_thread(tmp_path, store
     header, ticks = scenarios.delay_call(header, list(ticks), 3, "nvmlDeviceGetPowerUsage", 6.0, at=[3])
     t0 = time.monotonic()
     agent = replay_into(url, scenarios.backend(header, ticks), hostname="h",
-                        agent_kw={"paced": True, "interval": 0.5, "duration": 24.0})
+                        agent_kw={"paced": True, "interval": 0.5, "duration": 24.0, "watchdog": watchdog})
     took = time.monotonic() - t0
     store = store_of(url)
     rows = {g.identity.index: store.series(g.id, 0, 2e9, ("up",)) for g in store.gpus_of("h")}
@@ -147,7 +149,8 @@ def test_a_read_that_ended_before_the_watchdog_acts_is_not_given_up(tmp_path, st
     url = f"sqlite:///{tmp_path / 'x.db'}"
     source = NvmlSource(ReplayBackend(H200_CAPTURE))
     store = open_store(url)
-    agent = Agent(source, store, hostname="h", paced=True, interval=0.2, duration=12.0)
+    # the watchdog thread asks ``inflight`` every tick (the timer asks only when a read overruns)
+    agent = Agent(source, store, hostname="h", paced=True, interval=0.2, duration=12.0, watchdog="thread")
     real_inflight = source.inflight
     state = {"stale": 0, "resumed": 0}
 
@@ -176,7 +179,48 @@ def test_a_read_that_ended_before_the_watchdog_acts_is_not_given_up(tmp_path, st
     assert store.events("h", 0, 2e9) == []
 
 
-def test_a_read_given_up_on_as_it_ends_leaves_its_gpu_sampled(tmp_path, store_of):
+def test_a_timer_that_fires_as_a_slow_read_ends_gives_nothing_up(tmp_path, store_of):
+    """The timer's race: a tick's read overruns the deadline outside any device's calls (0.5 s
+    as the tick is stamped; nothing hangs) and SIGALRM's handler reads "GPU 0 in a call for a
+    minute" (a stale answer of ``inflight``). The source refuses to abandon a read no longer in
+    flight and the timer is armed again: no wedge, no event, no tick lost."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    source = NvmlSource(ReplayBackend(H200_CAPTURE))
+    store = open_store(url)
+    agent = Agent(source, store, hostname="h", paced=True, interval=1.0, call_deadline=0.3, duration=8.0)
+    real_inflight, real_stamp, real_resume = source.inflight, source._stamp, source.resume
+    state = {"slow": 0, "stale": 0, "resumed": 0}
+
+    def stamp(ts):
+        if agent.stats.ticks == 3 and state["slow"] == 0:
+            state["slow"] = 1
+            time.sleep(0.5)  # past the deadline, in no device's calls: the timer fires meanwhile
+        return real_stamp(ts)
+
+    def inflight():
+        if state["slow"] == 1 and state["stale"] == 0:
+            state["stale"] = 1
+            return (0, "nvmlDeviceGetPowerUsage", time.monotonic() - 60.0)
+        return real_inflight()
+
+    def resume():
+        state["resumed"] += 1
+        return real_resume()
+
+    source._stamp, source.inflight, source.resume = stamp, inflight, resume  # type: ignore[method-assign]
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    assert state == {"slow": 1, "stale": 1, "resumed": 0}
+    store = store_of(url)
+    (gpu,) = store.gpus_of("h")
+    assert [r["up"] for r in store.series(gpu.id, 0, 2e9, ("up",))] == [True] * 8
+    assert store.events("h", 0, 2e9) == []
+
+
+@pytest.mark.parametrize("watchdog", ["auto", "thread"])
+def test_a_read_given_up_on_as_it_ends_leaves_its_gpu_sampled(tmp_path, store_of, watchdog):
     """The race, the other way: GPU 0's last call of a tick returns, and the watchdog gives up on
     the read before it is marked done (here: the read ends 0.6 s after its last call, past the
     0.3-s deadline). The GPU is wedged for that moment and back at once: it used to stay marked
@@ -185,7 +229,7 @@ def test_a_read_given_up_on_as_it_ends_leaves_its_gpu_sampled(tmp_path, store_of
     url = f"sqlite:///{tmp_path / 'x.db'}"
     source = NvmlSource(ReplayBackend(H200_CAPTURE))
     store = open_store(url)
-    agent = Agent(source, store, hostname="h", paced=True, interval=1.0, call_deadline=0.3, duration=10.0)
+    agent = Agent(source, store, hostname="h", paced=True, interval=1.0, call_deadline=0.3, duration=10.0, watchdog=watchdog)
     real_read = source._read_device
     state = {"slow": 0}
 

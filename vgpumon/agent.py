@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 import time
 from collections import deque
@@ -169,6 +170,10 @@ class Agent:
             to the backlog and an outage begins. ``vgpumon agent`` sets it above the longest
             wait the store's own settings allow (docs/store.md). At stop the agent waits at most
             ``min(store_deadline, STOP_GRACE_S)`` for a silent store.
+        watchdog: how a paced run watches its NVML reads (``_run_paced``): ``"auto"``, a
+            SIGALRM timer armed around each read when the run's event loop is on the main thread
+            (no wake-up unless a read overruns), else a watchdog thread that wakes once per tick;
+            ``"thread"``, always the thread.
     """
 
     def __init__(
@@ -199,6 +204,7 @@ class Agent:
         call_deadline: float | None = None,
         rules: "RuleRunner | None" = None,
         store_deadline: float = 75.0,
+        watchdog: str = "auto",
     ) -> None:
         self.source = source
         self.store = store
@@ -260,6 +266,12 @@ class Agent:
         self._last_host: HostSample | None = None
         self._first: tuple[float, float] | None = None  # (capture time, monotonic) of the first tick read
         self._gen = 0  # the sampling thread's generation: one given up on (wedged call) is no longer current
+        if watchdog not in ("auto", "thread"):
+            raise ValueError(f"watchdog must be 'auto' or 'thread', not {watchdog!r}")
+        self.watchdog = watchdog
+        self._alarm = False  # this run's watchdog is the timer
+        self._alarm_lock = threading.Lock()
+        self._reading: int | None = None  # the generation whose read the timer is armed for
 
     @property
     def _replaying(self) -> bool:
@@ -805,10 +817,15 @@ class Agent:
         idle agent's event loop so wakes a few times a minute instead of once per tick (each
         wake-up costs more CPU than the Python work of a tick: docs/benchmarks.md).
 
-        The watchdog thread (``_watchdog``) wakes once per tick, ``call_deadline`` after the
-        tick's slot, and gives up on a call that has not returned by then: the device is marked
-        wedged and the tick is finished on a fresh sampling thread. Returns when the sampling
-        thread ends (stop, ``--duration``, end of a replay); re-raises what ended it otherwise.
+        A read that overruns ``call_deadline`` is given up on: the device is marked wedged and
+        the tick is finished on a fresh sampling thread. The sampling thread arms a real-time
+        timer (``setitimer``) for ``call_deadline`` around each read and disarms it after: an
+        ordinary read costs two system calls and no wake-up, and SIGALRM reaches the event loop
+        (``_on_alarm``) only when a read overruns. Where the loop is not on the main thread
+        (signals reach only that one), or with ``watchdog = "thread"``, a watchdog thread
+        (``_watchdog``) wakes once per tick instead, ``call_deadline`` after the tick's slot.
+        Returns when the sampling thread ends (stop, ``--duration``, end of a replay);
+        re-raises what ended it otherwise.
         """
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -824,15 +841,71 @@ class Agent:
                 "the call deadline (%.3g s) is not shorter than the interval (%.3g s): a GPU whose call is slow but "
                 "within it delays every GPU's tick, and slots are skipped", self.call_deadline, self.interval,
             )
+        self._alarm = self.watchdog == "auto" and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        previous_alarm = signal.getsignal(signal.SIGALRM) if self._alarm else None
+        if self._alarm:
+            try:
+                loop.add_signal_handler(signal.SIGALRM, self._on_alarm)
+            except (RuntimeError, ValueError, NotImplementedError):
+                self._alarm = False
         self._start_sampler(resume=False)
-        watchdog = threading.Thread(target=self._watchdog, name="vgpumon-watch", daemon=True)
-        watchdog.start()
+        watchdog = None
+        if not self._alarm:
+            watchdog = threading.Thread(target=self._watchdog, name="vgpumon-watch", daemon=True)
+            watchdog.start()
         try:
             await self._sampler_done
         finally:
             self._stopping.set()
             self._sampler_over.set()
-            watchdog.join(timeout=1.0)
+            if self._alarm:
+                with self._alarm_lock:
+                    self._reading = None
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                loop.remove_signal_handler(signal.SIGALRM)
+                if previous_alarm is not None:  # the embedding application's, or the default
+                    signal.signal(signal.SIGALRM, previous_alarm)
+            if watchdog is not None:
+                watchdog.join(timeout=1.0)
+
+    def _arm(self, gen: int) -> None:
+        """On the sampling thread, before a read: SIGALRM in ``call_deadline`` unless disarmed."""
+        if self._alarm:
+            with self._alarm_lock:
+                if gen == self._gen:
+                    self._reading = gen
+                    signal.setitimer(signal.ITIMER_REAL, self.call_deadline)
+
+    def _disarm(self, gen: int) -> None:
+        """On the sampling thread, after a read (never a fresh thread's timer: ``gen``)."""
+        if self._alarm:
+            with self._alarm_lock:
+                if self._reading == gen:
+                    self._reading = None
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _on_alarm(self) -> None:
+        """On the event loop: a read overran ``call_deadline``. A call in flight that long is
+        given up on as the watchdog thread would (``_give_up``); otherwise (between two calls, one
+        that began later, or one that returned just now) the timer is armed again for what is
+        left. Under ``_alarm_lock`` throughout, so the sampling thread's ``_disarm`` comes
+        strictly before or after."""
+
+        def next_generation() -> None:  # before the stuck thread can see it abandoned
+            self._gen += 1
+
+        with self._alarm_lock:
+            gen = self._reading
+            if gen is None or gen != self._gen or self._sampler_over.is_set():
+                return  # the read ended as the signal came
+            now = time.monotonic()
+            stuck = self.source.inflight()
+            if stuck is not None and now - stuck[2] >= self.call_deadline and self._give_up(stuck, then=next_generation):
+                self._reading = None
+                self._start_sampler(resume=True)  # its first read arms the timer again
+                return
+            left = self.call_deadline - (now - stuck[2]) if stuck is not None else 0.0
+            signal.setitimer(signal.ITIMER_REAL, left if left > 0.001 else self.call_deadline / 4)
 
     def _start_sampler(self, resume: bool) -> None:
         gen = self._gen
@@ -862,16 +935,21 @@ class Agent:
         stopped, ``--duration`` or the end of a replay. Returns at once when the watchdog gave up
         on this thread (``gen`` is no longer current) while a call hung."""
         loop = self._loop
+        if self._alarm:  # SIGALRM is for the event loop's thread, never this one's NVML calls
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         while True:
             host_due = self._host_due()
             reading = None
             if resume:
                 resume = False
+                self._arm(gen)
                 try:
                     reading = self.source.resume()
                 except RuntimeError:  # the call returned just as it was given up on: read on
                     log.warning("the tick given up on had finished meanwhile; sampling goes on")
                     self._k, self._delay = next_slot(self._start, self._k, self.interval, self.monotonic())
+                finally:
+                    self._disarm(gen)
             if reading is None:
                 if self._stopping.is_set():
                     return
@@ -880,10 +958,13 @@ class Agent:
                     return
                 if gen != self._gen:  # given up on while it slept: the fresh thread reads on
                     return
+                self._arm(gen)
                 try:
                     reading = self.source.sample(self._tick_time())
                 except EndOfCapture:
                     return
+                finally:
+                    self._disarm(gen)
             if gen != self._gen:  # given up on while a call hung: the fresh thread carries on
                 return
             if self._past_duration(reading.ts):
