@@ -297,6 +297,17 @@ def test_a_batch_written_twice_or_overlapping_is_stored_once(db_url, store_of):
     assert store.series(gpu.id, 0, 2e9, ("power_watts",)) == rows  # stored values untouched
 
 
+def test_a_gpu_registered_after_start_is_listed_at_once(db_url, store_of):
+    """The rules read the host's GPU list every cycle from a kept copy: a GPU the agent finds
+    later (hot-plug, a re-initialisation) must be in the very next list, not a minute later."""
+    replay_into(db_url)
+    store = store_of(db_url)
+    assert [g.identity.uuid for g in store.gpus_of("h200-replay")] != ["GPU-later"]
+    first = [g.identity.index for g in store.gpus_of("h200-replay")]
+    store.register_gpus("h200-replay", [GpuIdentity(index=7, uuid="GPU-later")])
+    assert [g.identity.index for g in store.gpus_of("h200-replay")] == [*first, 7]
+
+
 def test_window_aggregates_for_many_gpus_equal_the_per_gpu_ones(db_url, store_of):
     header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 3)
     replay_into(db_url, scenarios.backend(header, ticks))

@@ -179,7 +179,7 @@ class HostView:
         return self._memo(("xids", seconds), lambda: self.store.host_xid_events(self.hostname, self.at - seconds, self.at))
 
     def events(self, seconds: float) -> list[dict[str, Any]]:
-        return self._memo(("events", seconds), lambda: self.store.gpu_events(self.hostname, self.at - seconds, self.at))
+        return self._memo(("events", seconds), lambda: self.store.gpu_events(self.hostname, self.at - seconds, self.at, self.gpus))
 
     def process_memory(self, seconds: float) -> list[dict[str, Any]]:
         ids = [g.id for g in self.gpus]

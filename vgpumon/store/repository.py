@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ PARALLEL_WINDOW_S = 6 * 3600
 _ROLLUPS = gpu_samples_1m
 #: Tables a tick writes besides ``gpu_samples``, in foreign-key order; ``TickRows`` maps each
 #: name to its rows (dicts in base units; the column types encode them).
+#: How long ``Store.gpus_of`` keeps a host's GPU list (registration by this store drops it at once).
+GPUS_TTL_S = 60.0
 EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values", "host_events")
 TickRows = dict[str, list[dict[str, Any]]]
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
@@ -183,6 +186,7 @@ class Store:
         # a SQLAlchemy statement and its cache key costs more than running it on a small window
         self._stmts: dict[tuple[Any, ...], Any] = {}
         self._schema_ok = False  # a reader found the tables at the revision this vgpumon reads
+        self._gpus: dict[str, tuple[float, tuple[StoredGpu, ...]]] = {}  # gpus_of, with when it was read
 
     @staticmethod
     def _ids(n: int) -> list[Any]:
@@ -269,6 +273,7 @@ class Store:
         """
         now = dt.datetime.now(dt.timezone.utc)
         t = Gpu.__table__
+        self._gpus.pop(hostname, None)
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert_ignoring_duplicates(self.dialect, Host.__table__).values(hostname=hostname, first_seen=now))
@@ -295,9 +300,11 @@ class Store:
                         index_elements=[t.c.host_id, t.c.uuid], set_={k: ins.excluded[k] for k in attrs}
                     ).returning(t.c.id)
                     ids[g.uuid] = int(conn.execute(ins).scalar_one())
-                return ids
+            return ids
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
+        finally:
+            self._gpus.pop(hostname, None)  # a list read meanwhile (another thread) is not kept either
 
     @staticmethod
     def sample_row(gpu_id: int, s: GpuSample) -> GpuRow:
@@ -540,7 +547,16 @@ class Store:
             raise self._fail(exc) from None
 
     def gpus_of(self, hostname: str) -> list[StoredGpu]:
-        """The GPUs stored for a host, by NVML index."""
+        """The GPUs stored for a host, by NVML index. Kept for ``GPUS_TTL_S`` seconds (the agent's
+        rules read it every cycle), and read again at once after this store registers GPUs."""
+        cached = self._gpus.get(hostname)
+        if cached is not None and time.monotonic() - cached[0] < GPUS_TTL_S:
+            return list(cached[1])
+        out = self._read_gpus_of(hostname)
+        self._gpus[hostname] = (time.monotonic(), tuple(out))
+        return out
+
+    def _read_gpus_of(self, hostname: str) -> list[StoredGpu]:
         try:
             with self.engine.connect() as conn:
                 if not self._schema_ok:
@@ -768,12 +784,13 @@ class Store:
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
-    def gpu_events(self, hostname: str, start: float, end: float) -> list[dict[str, Any]]:
+    def gpu_events(self, hostname: str, start: float, end: float, gpus: Sequence[StoredGpu] | None = None) -> list[dict[str, Any]]:
         """Events of a host's GPUs in a window, oldest first (``host_events`` whose subject is a
         GPU: appeared, disappeared, down, recovered, wedged, memory-API change, collector fault),
         each as ``{"ts": seconds, "kind": str, "gpu_id": int | None, "detail": str}``; host-wide
-        events (clock steps, re-initialisations) come with ``gpu_id`` ``None``."""
-        ids = {f"gpu:{g.identity.uuid}": g.id for g in self.gpus_of(hostname)}
+        events (clock steps, re-initialisations) come with ``gpu_id`` ``None``. ``gpus``: the
+        host's GPUs where the caller has them (``gpus_of``), else they are read."""
+        ids = {f"gpu:{g.identity.uuid}": g.id for g in (self.gpus_of(hostname) if gpus is None else gpus)}
         return [
             {"ts": e.ts, "kind": e.kind, "gpu_id": ids.get(e.subject), "detail": e.detail}
             for e in self.events(hostname, start, end)
