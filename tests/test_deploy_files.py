@@ -64,11 +64,24 @@ def test_a_malformed_listen_address_is_a_usage_error_before_anything_is_stored(t
     assert not (tmp_path / "x.db").exists()
 
 
-def test_a_bad_metrics_file_is_a_usage_error_naming_its_line(tmp_path):
+def test_a_bad_metrics_file_is_an_input_file_error_naming_its_line(tmp_path):
+    """The selection file is an input file, as a config file or a capture: 65, not 64."""
     bad = tmp_path / "metrics.csv"
     bad.write_text("vgpumon_gpu_up, gauge, up\nvgpumon_gpu_util, gauge, typo\n")
     out = _agent("--metrics-file", str(bad), db=tmp_path / "x.db")
-    assert out.returncode == 64 and "line 2" in out.stderr and "vgpumon_gpu_util" in out.stderr
+    assert out.returncode == 65 and "line 2" in out.stderr and "vgpumon_gpu_util" in out.stderr
+    out = _agent("--metrics-file", str(tmp_path / "missing.csv"), db=tmp_path / "x.db")
+    assert out.returncode == 65 and "missing.csv" in out.stderr
+
+
+def test_a_metrics_file_that_selects_nothing_is_refused_not_served_empty(tmp_path):
+    """An empty (or wholly commented-out) selection would serve an empty /metrics: Prometheus
+    scrapes succeed, every dashboard is blank, nothing says why."""
+    empty = tmp_path / "metrics.csv"
+    empty.write_text("# vgpumon_gpu_up, gauge, up\n\n")
+    out = _agent("--metrics-file", str(empty), db=tmp_path / "x.db")
+    assert out.returncode == 65 and "selects no metric family" in out.stderr and "--listen off" in out.stderr
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_a_port_in_use_costs_metrics_never_the_samples(tmp_path):

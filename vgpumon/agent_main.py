@@ -243,11 +243,12 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
     """The exporter's settings (``listen`` may be ``off``). A selection file that cannot be used is a usage error (64) before anything is sampled or stored.
 
     Raises:
-        UsageError: the metrics selection file is missing or malformed.
+        ConfigFileError: the metric selection file is missing, unreadable, malformed or selects
+            nothing (an input file: exit 65, as a config file or a capture).
     """
     from pathlib import Path
 
-    from vgpumon.errors import UsageError
+    from vgpumon.errors import ConfigFileError
     from vgpumon.exporter import ExporterConfig
     from vgpumon.exporter.selection import SelectionError, read_selection
 
@@ -256,7 +257,7 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
         try:
             read_selection(path)
         except SelectionError as exc:
-            raise UsageError(f"--metrics-file: {exc}") from None
+            raise ConfigFileError(f"--metrics-file: {exc}") from None
     return ExporterConfig(listen=listen, metrics_file=path)
 
 

@@ -40,7 +40,9 @@ def parse_selection(text: str, *, source: str = "selection file") -> frozenset[s
 
     Raises:
         SelectionError: a line names a family the catalogue does not export, or gives a type
-            other than the catalogue's; the message names the line.
+            other than the catalogue's (the message names the line), or no line names a family
+            (an empty or wholly commented-out file would serve an empty ``/metrics``: Prometheus
+            would scrape nothing, and every dashboard would be blank without an error).
     """
     known = families()
     chosen: set[str] = set()
@@ -55,6 +57,8 @@ def parse_selection(text: str, *, source: str = "selection file") -> frozenset[s
         if len(parts) > 1 and parts[1] and parts[1] != known[name][0]:
             raise SelectionError(f"{source} line {number}: {name} is a {known[name][0]}, not a {parts[1]}")
         chosen.add(name)
+    if not chosen:
+        raise SelectionError(f"{source} selects no metric family: /metrics would serve nothing (to serve no /metrics, use --listen off)")
     return frozenset(chosen)
 
 
