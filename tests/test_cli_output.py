@@ -87,3 +87,24 @@ def test_findings_that_are_all_pending_are_not_introduced_with_and():
     buf.truncate(0), buf.seek(0)
     render._findings({"findings": [major, minor]}, out)
     assert "and 1 pending or informational:" in buf.getvalue()
+
+
+def test_an_80_column_terminal_shows_every_figure_whole(store):
+    """A table wider than the terminal used to be squeezed by rich until the figures themselves
+    were cut ("59.…", "204…"); below its width each GPU's figures are a block of lines instead."""
+    import json
+    import re
+
+    from vgpumon.render import render_diagnose
+
+    out = subprocess.run(VGPUMON + ["diagnose", "h", "--db", str(store), "--json"], capture_output=True, text=True,
+                         env=_env(), timeout=60)
+    report = json.loads(out.stdout)
+    wide, narrow = render_diagnose(report), render_diagnose(report, width=80)
+    figures = re.findall(r"\d+\.\d+ GB/s \(\d+\.\d %\)|\d+\.\d W / \d+\.\d W|\d+\.\d+ GiB / \d+\.\d+ GiB", wide)
+    assert len(figures) >= 4, wide
+    for figure in figures:
+        assert figure in narrow, figure
+    tables = narrow[narrow.index("GPUs, "):narrow.index("vLLM servers")]
+    assert "…" not in tables and max(len(line) for line in tables.splitlines()) <= 80
+    assert "GPU 0" in tables and "PASS max" in tables

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -240,8 +241,33 @@ def _gpus(report: dict[str, Any], out: Console) -> None:
             _pair("power_watts", g["power"]["mean_watts"], g["power"]["max_watts"], u.get("power_watts.mean")),
             Text("yes", style="green") if readable["now"] else Text(f"NO: {readable['reason']}", style="bold red"),
         )
+    _print_figures(t, out)
+
+
+def _print_figures(t: Table, out: Console) -> None:
+    """A table of figures, after a blank line. Where the console is narrower than the table (an
+    80-column terminal), each row is printed as a block of "column  value" lines instead: rich
+    would otherwise cut the figures themselves ("59.…", "204…"), which is worse than no table."""
     out.print()
-    out.print(t)
+    if Measurement.get(out, out.options.update(max_width=10_000), t).maximum <= out.width:
+        out.print(t)
+        return
+    if t.title:
+        out.print(Text(str(t.title), style="italic"))
+    columns = t.columns
+    cells = [list(c.cells) for c in columns]
+    label = max(len(str(c.header)) for c in columns[1:])
+    for row in range(t.row_count):
+        head = Text(f"{columns[0].header} ", style="bold")
+        head.append(cells[0][row] if isinstance(cells[0][row], Text) else str(cells[0][row]))
+        out.print(head)
+        for column, values in zip(columns[1:], cells[1:]):
+            line = Text(f"  {str(column.header):<{label}}  ")
+            value = values[row]
+            line.append(value if isinstance(value, Text) else Text(str(value)))
+            out.print(line)
+    if t.caption:
+        out.print(Text(str(t.caption), style="dim italic"))
 
 
 def _iso(ts: float | None) -> str | None:
@@ -288,8 +314,7 @@ def _health(report: dict[str, Any], out: Console) -> None:
             cell.append(f" {_health_note(g, a)}", style="")
             cells.append(cell)
         t.add_row(str(g["index"]), *cells)
-    out.print()
-    out.print(t)
+    _print_figures(t, out)
 
 
 def _servers(report: dict[str, Any], out: Console) -> None:
