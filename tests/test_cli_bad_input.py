@@ -58,6 +58,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "slow-every-string.jsonl").write_text("\n".join([json.dumps({**json.loads(lines[0]), "slow_every": "ten"}), *lines[1:4]]) + "\n")
     (d / "random.jsonl.gz").write_bytes(os.urandom(2048))
     (d / "truncated.jsonl.gz").write_bytes(H200_CAPTURE.read_bytes()[:4000])
+    # a line longer than any capture's (65 Mi spaces, no newline): an error, not a MemoryError
+    (d / "huge-line.jsonl.gz").write_bytes(gzip.compress((lines[0] + "\n" + '{"tick": 0, ' + " " * (65 << 20)).encode(), 1))
     (d / "a-directory").mkdir()
     (d / "zero.db").write_bytes(b"")
     (d / "random.db").write_bytes(os.urandom(4096))
@@ -188,6 +190,7 @@ CASES = [
     Case("capture-not-json", replay_of("not-json.jsonl"), 65, r"not-json\.jsonl is not a vgpumon capture \(line 1 is not JSON\)"),
     Case("capture-ts-string", replay_of("ts-string.jsonl"), 65, r"ts-string\.jsonl:3: malformed capture line \(\"ts\" is not a number"),
     Case("capture-calls-dict", replay_of("calls-dict.jsonl"), 65, r"calls-dict\.jsonl:3: malformed capture line \(\"calls\" is not a list\)"),
+    Case("capture-huge-line", replay_of("huge-line.jsonl.gz"), 65, r"huge-line\.jsonl\.gz:2: a capture line over 64 Mi characters"),
     Case("capture-tick-float", replay_of("tick-float.jsonl"), 65, r"tick-float\.jsonl:3: malformed capture line \(\"tick\" is not an integer\)"),
     Case("capture-header-type", replay_of("slow-every-string.jsonl"), 65, r"slow-every-string\.jsonl:1: header \"slow_every\" is not a positive integer"),
     Case("capture-random-gzip", replay_of("random.jsonl.gz"), 65, r"cannot read capture .*random\.jsonl\.gz: Not a gzipped file"),

@@ -771,6 +771,26 @@ def _read_error(path: Path, exc: BaseException, where: str = "") -> CaptureForma
     return CaptureFormatError(f"cannot read capture {path}{where}: {reason}")
 
 
+#: The longest capture line read (characters). A recorded tick of 8 GPUs is about 40 kB and the
+#: init block a few hundred; a longer line is not a vgpumon capture's, and reading it whole (a
+#: multi-gigabyte file without a newline) would end in MemoryError instead of a clear error.
+MAX_LINE_CHARS = 64 << 20
+
+
+def _line(path: Path, f: IO[str], n: int) -> str:
+    """Line ``n`` of an open capture ('' at the end), at most ``MAX_LINE_CHARS`` long.
+
+    Raises:
+        CaptureFormatError: the line is longer.
+    """
+    line = f.readline(MAX_LINE_CHARS + 1)
+    if len(line) > MAX_LINE_CHARS:
+        raise CaptureFormatError(
+            f"{path}:{n}: a capture line over {MAX_LINE_CHARS >> 20} Mi characters: not a vgpumon capture, or damaged"
+        )
+    return line
+
+
 def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
     """The ticks of an open capture after its header line, one line at a time, each checked for
     its shape; a capture without a single tick is an error too (a header only: the recording was
@@ -778,7 +798,8 @@ def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
     n = 1
     seen = False
     try:
-        for n, line in enumerate(f, start=2):
+        while line := _line(path, f, n + 1):
+            n += 1
             if not line.strip():
                 continue
             try:
@@ -814,7 +835,7 @@ def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, A
     path = Path(path)
     try:
         f = _open_text(path, "r")
-        first = f.readline() or None
+        first = _line(path, f, 1) or None
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise _read_error(path, exc) from None
     try:
