@@ -146,6 +146,10 @@ CASES = [
     Case("db-other-engine", ["diagnose", "h", "--db", f"mysql://u:{SECRET}@db/x"], 64, r"--db: vgpumon stores into SQLite or Postgres, not 'mysql'"),
     Case("db-sqlite-no-file", ["db", "stats", "--db", "sqlite://"], 64, r"--db: a SQLite store needs a file"),
     Case("db-sqlite-memory", ["agent", "--replay", str(H200_CAPTURE), "--db", "sqlite:///:memory:"], 64, r"--db: an in-memory SQLite store keeps nothing"),
+    # a device or a directory is not a store: refused before SQLite writes a journal beside it
+    Case("agent-store-dev-null", ["agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "/dev/null"], 69,
+         r"store /dev/null is not a regular file"),
+    Case("upgrade-store-directory", ["db", "upgrade", "--db", "{d}/a-directory"], 69, r"a-directory is not a regular file"),
     # a directory where no file can be made (a pseudo file system): the migration lock says so
     Case("agent-store-on-proc", ["agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "/proc/vgpumon-test.db"], 69,
          r"cannot create /proc/vgpumon-test\.db\.migrate\.lock"),
@@ -249,3 +253,5 @@ def test_bad_input_is_one_line_with_the_documented_exit_code(case: Case, work: P
             (work / name).unlink()
         return
     assert after == before, "a command that failed on its input created or changed files"
+    if "/dev/null" in args:  # as root, SQLite used to leave its journal and our lock in /dev
+        assert not Path("/dev/null-journal").exists() and not Path("/dev/null.migrate.lock").exists()

@@ -272,6 +272,10 @@ def make_engine(
         if read_only and file is not None and str(parsed.query.get("immutable", "")) != "1":
             # a URL's own mode=ro too: with no -shm it would create -wal and -shm
             parsed = _sqlite_read_url(file, _sqlite_read_mode(file))
+        elif file is not None and not read_only and file.exists() and not file.is_file():
+            # /dev/null, a directory, a FIFO: SQLite would create its journal and the migration
+            # lock beside it (in /dev as root) before failing with "disk I/O error"
+            raise StoreUnavailableError(f"store {file} is not a regular file (a SQLite store is one); see --db")
         elif file is not None and create_dirs and not read_only:
             try:
                 file.parent.mkdir(parents=True, exist_ok=True)
