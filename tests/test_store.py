@@ -183,6 +183,36 @@ def test_rollups_summarise_each_minute_then_raw_rows_expire(db_url, store_of):
     assert _count(db_url, "SELECT count(*) FROM gpu_samples_1m") == 0
 
 
+def test_resolved_alerts_expire_with_the_rollups_and_open_ones_stay(db_url, store_of):
+    """The alerts table used to grow for ever: every resolved episode of every rule was kept."""
+    from vgpumon.model import Alert
+    from vgpumon.store.alerts import AlertRepository
+
+    store = open_store(db_url)  # the schema, no rows
+    now, day = 2_000_000_000.0, 86400.0
+
+    def episode(gpu: str, since: float, resolved: float | None) -> Alert:
+        return Alert(name="GpuThermalSlowdown", severity="warning", labels={"hostname": "h", "gpu": gpu}, active_since=since,
+                     last_eval=resolved or now, state="resolved" if resolved else "firing", fired_at=since, resolved_at=resolved)
+
+    AlertRepository(store.engine).save("h", [
+        episode("0", now - 120 * day, now - 100 * day),  # resolved 100 days ago: past the 90-day rollups
+        episode("1", now - 20 * day, now - 10 * day),  # resolved 10 days ago: kept
+        episode("2", now - 200 * day, None),  # firing for 200 days: open, kept
+    ])
+    Retention(store, clock=lambda: now).run()
+    store.close()
+    assert sorted(_count_rows(db_url, "SELECT labels FROM alerts")) == ['{"gpu": "1", "hostname": "h"}', '{"gpu": "2", "hostname": "h"}']
+
+
+def _count_rows(url: str, sql: str) -> list:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = list(conn.scalars(text(sql)))
+    engine.dispose()
+    return rows
+
+
 def test_raw_rows_are_not_pruned_before_they_are_rolled_up(db_url, store_of):
     agent = replay_into(db_url)
     store = store_of(db_url)

@@ -197,6 +197,12 @@ class Retention:
         res.rows_deleted += max(
             conn.execute(text("DELETE FROM host_events WHERE ts < :u"), {"u": now - self.rollup_retention_ms}).rowcount, 0
         )
+        # So do resolved alert episodes (diagnose's and capacity's history); open ones stay whatever their age.
+        res.rows_deleted += max(
+            conn.execute(
+                text("DELETE FROM alerts WHERE resolved_at IS NOT NULL AND resolved_at < :u"), {"u": now - self.rollup_retention_ms}
+            ).rowcount, 0,
+        )
         conn.commit()
         for table, until in targets:
             if conn.dialect.name == "postgresql":
