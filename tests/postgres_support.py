@@ -3,6 +3,7 @@ with the machine's own ``initdb``/``pg_ctl``, on a free port, in a temporary dir
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import shutil
@@ -10,7 +11,9 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -104,3 +107,37 @@ def private_postgres():
     yield pg
     pg.destroy()
 
+
+def run_beside(agent: Any, script: Callable[[], None], timeout: float = 120.0) -> None:
+    """Run ``agent`` (``vgpumon.agent.Agent``) until ``script``, run on a thread of its own
+    meanwhile (stopping, freezing or restarting the server), returns; fail rather than hang
+    when the agent does not stop within ``timeout`` seconds after that."""
+    stop = asyncio.Event()
+    failure: list[BaseException] = []
+    finished = threading.Event()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+
+        def drive() -> None:
+            try:
+                script()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failure.append(exc)
+            finally:
+                loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=drive, daemon=True).start()
+        await agent.run(stop)
+
+    def main() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # noqa: BLE001
+            failure.append(exc)
+        finally:
+            finished.set()
+
+    threading.Thread(target=main, daemon=True).start()
+    assert finished.wait(timeout), "the agent did not stop"
+    assert failure == []

@@ -3,12 +3,10 @@ is stopped and started ten times while an agent replays an 8-GPU capture into it
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 
 from conftest import H200_CAPTURE
-from postgres_support import private_postgres  # noqa: F401 - the fixture
+from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
@@ -34,35 +32,21 @@ def test_every_tick_stored_exactly_once_across_ten_postgres_restarts(private_pos
         interval=0.1, paced=True, flush_every=0.2, backlog=backlog,
         retention=Retention(store), maintenance_every=1.0,
     )
-    stop = asyncio.Event()
     restarts: list[str] = []
-    failure: list[BaseException] = []
 
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-
-        def restart_loop() -> None:
-            try:
-                for i in range(RESTARTS):
-                    time.sleep(0.8)
-                    pg.stop("immediate" if i % 2 else "fast")  # crash-like stops too
-                    time.sleep(0.4)  # the agent keeps sampling while the server is away
-                    pg.start()
-                    restarts.append("immediate" if i % 2 else "fast")
-                time.sleep(1.0)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
-                failure.append(exc)
-            finally:
-                loop.call_soon_threadsafe(stop.set)
-
-        threading.Thread(target=restart_loop, daemon=True).start()
-        await agent.run(stop)
+    def restart_loop() -> None:
+        for i in range(RESTARTS):
+            time.sleep(0.8)
+            pg.stop("immediate" if i % 2 else "fast")  # crash-like stops too
+            time.sleep(0.4)  # the agent keeps sampling while the server is away
+            pg.start()
+            restarts.append("immediate" if i % 2 else "fast")
+        time.sleep(1.0)
 
     try:
-        asyncio.run(run())
+        run_beside(agent, restart_loop)
     finally:
         store.close()
-    assert failure == []
     assert len(restarts) == RESTARTS
     assert agent.stats.ticks < len(ticks) - 1, "the capture ended before the restarts did"
     assert agent.stats.outages >= 1 and agent.stats.rows_spooled == 0 and agent.stats.rows_pending == 0

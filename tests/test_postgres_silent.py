@@ -6,12 +6,10 @@ notice that its store went silent, keep every tick, count the outage, and still 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 
 from conftest import H200_CAPTURE
-from postgres_support import private_postgres  # noqa: F401 - the fixture
+from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
@@ -38,40 +36,6 @@ def _agent(pg_url: str, spool, ticks_x: int = 4) -> tuple[Agent, object]:
     return agent, store
 
 
-def _run(agent: Agent, script) -> None:
-    """Run ``agent`` until ``script`` (on a thread, given a stop function) returns; fail rather
-    than hang when the agent does not stop."""
-    stop = asyncio.Event()
-    failure: list[BaseException] = []
-    finished = threading.Event()
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-
-        def drive() -> None:
-            try:
-                script()
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
-                failure.append(exc)
-            finally:
-                loop.call_soon_threadsafe(stop.set)
-
-        threading.Thread(target=drive, daemon=True).start()
-        await agent.run(stop)
-
-    def main() -> None:
-        try:
-            asyncio.run(run())
-        except BaseException as exc:  # noqa: BLE001
-            failure.append(exc)
-        finally:
-            finished.set()
-
-    threading.Thread(target=main, daemon=True).start()
-    assert finished.wait(120), "the agent did not stop while its store was silent"
-    assert failure == []
-
-
 def _stored(pg_url: str) -> tuple[int, int, set[int]]:
     engine = make_engine(pg_url)
     with engine.connect() as conn:
@@ -93,7 +57,7 @@ def test_a_store_gone_silent_mid_run_is_cut_loose_and_every_tick_stored_once(pri
         time.sleep(3.0)  # the held rows are replayed
 
     try:
-        _run(agent, script)
+        run_beside(agent, script)
     finally:
         store.close()
     s = agent.stats
@@ -118,7 +82,7 @@ def test_a_stop_while_the_store_is_silent_ends_the_run_and_spools_every_tick(pri
         time.sleep(0.5)  # SIGTERM now: a write is (or soon will be) stuck on the silent server
 
     try:
-        _run(agent, script)
+        run_beside(agent, script)
     finally:
         pg.thaw()
         store.close()
@@ -130,7 +94,7 @@ def test_a_stop_while_the_store_is_silent_ends_the_run_and_spools_every_tick(pri
     # the next run replays the spool: every tick of the first run is stored, once
     again, store = _agent(pg.url, spool, ticks_x=1)
     try:
-        _run(again, lambda: time.sleep(1.5))
+        run_beside(again, lambda: time.sleep(1.5))
     finally:
         store.close()
     assert again.stats.rows_spooled == 0 and again.stats.rows_pending == 0
