@@ -140,4 +140,5 @@ def run_beside(agent: Any, script: Callable[[], None], timeout: float = 120.0) -
 
     threading.Thread(target=main, daemon=True).start()
     assert finished.wait(timeout), "the agent did not stop"
-    assert failure == []
+    if failure:
+        raise failure[0]

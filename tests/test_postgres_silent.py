@@ -24,13 +24,13 @@ from vgpumon.testing import scenarios
 DEADLINE = 1.0  # seconds without an answer before the store counts as silent (75 s by default)
 
 
-def _agent(pg_url: str, spool, ticks_x: int = 4) -> tuple[Agent, object]:
+def _agent(pg_url: str, spool, ticks_x: int = 4, deadline: float = DEADLINE) -> tuple[Agent, object]:
     header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 2)
     header, ticks = scenarios.repeat(header, ticks, ticks_x)
     store = open_store(pg_url, connect_timeout_s=2)
     agent = Agent(
         NvmlSource(scenarios.backend(header, ticks)), store, hostname="gpu-host-silent",
-        interval=0.1, paced=True, flush_every=0.2, backlog=Backlog(spool), store_deadline=DEADLINE,
+        interval=0.1, paced=True, flush_every=0.2, backlog=Backlog(spool), store_deadline=deadline,
         rules=RuleRunner(sinks=[], wall=None),
     )
     return agent, store
@@ -101,3 +101,46 @@ def test_a_stop_while_the_store_is_silent_ends_the_run_and_spools_every_tick(pri
     total, distinct, per_tick = _stored(pg.url)
     assert per_tick == {2} and total == distinct * 2
     assert distinct >= first.ticks  # the second run's ticks repeat the first's times: stored once
+
+
+def test_one_connection_gone_silent_is_cut_while_another_still_answers(private_postgres, tmp_path):
+    """One backend stops (a NAT dropping one flow, a backend stuck on storage) while the server
+    and the other connections answer. The thread stuck on it must be found although the other
+    thread keeps using the pool: silence used to be judged on the whole pool, so the rules' reads
+    every 1.5 s hid a write stuck for ever (no outage, ticks piling up in memory)."""
+    import os
+    import signal
+
+    pg = private_postgres
+    agent, store = _agent(pg.url, tmp_path / "spool", deadline=2.0)  # longer than the rules' 1.5-s cycle
+    seen: dict[str, int] = {}
+
+    def script() -> None:
+        time.sleep(2.0)
+        engine = make_engine(pg.url)
+        with engine.connect() as conn:  # the backend that last committed (the writer; a read ends in ROLLBACK)
+            pid = conn.scalar(text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND query = 'COMMIT' ORDER BY state_change DESC LIMIT 1"
+            ))
+        engine.dispose()
+        assert pid is not None, "no backend has written yet"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            waited = time.monotonic() + 10.0
+            while agent.stats.store_stalls == 0 and time.monotonic() < waited:
+                time.sleep(0.2)
+            seen["stalls"] = agent.stats.store_stalls
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(3.0)
+
+    try:
+        run_beside(agent, script)
+    finally:
+        store.close()
+    assert seen["stalls"] >= 1, "a thread stuck on one silent connection was never found"
+    s = agent.stats
+    assert s.rows_spooled == 0 and s.rows_pending == 0
+    total, distinct, per_tick = _stored(pg.url)
+    assert distinct == s.ticks and per_tick == {2} and total == s.ticks * 2

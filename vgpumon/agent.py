@@ -256,6 +256,7 @@ class Agent:
         self.call_deadline = call_deadline if call_deadline is not None else min(max(interval / 2, 0.25), 5.0)
         self.store_deadline = store_deadline
         self._store_abandoned = False  # a call on a silent store outlived its cut: left behind at exit
+        self._cut: tuple[float, float] | None = None  # (monotonic, seconds silent) of the last cut
         self._loop: asyncio.AbstractEventLoop | None = None
         # a daemon thread too: a call stuck on a silent store that even a cut cannot end must
         # not keep the process from exiting
@@ -346,7 +347,10 @@ class Agent:
 
     def _outage_begins(self, exc: StoreUnavailableError, where: str) -> None:
         if self._outage_since is None:  # one line per outage, not one per batch
-            self._outage_since = self.monotonic()
+            cut, self._cut = self._cut, None
+            # an outage found by a cut began when the store went silent, not at the cut
+            silent = cut[1] if cut is not None and time.monotonic() - cut[0] < 60.0 else 0.0
+            self._outage_since = self.monotonic() - silent
             self._outage_rows = 0
             self._folded_at_outage = self.backlog.folded_rows
             self.stats.outages += 1
@@ -487,34 +491,39 @@ class Agent:
             log.exception("store thread failed; %d ticks kept for the next flush", len(batch))
             self._pending.extendleft(reversed(batch))  # writes skip stored rows: a second attempt is harmless
 
-    def _silence(self) -> float:
-        """Seconds the longest call on the store's or the rules' thread has run with no movement
-        in the store's pool (no connection opened, lent or taken back); 0 when none runs."""
+    def _silence(self) -> dict[int | None, float]:
+        """For each call running on the store's or the rules' thread: seconds it has run with no
+        movement of that thread in the store's pool (no connection opened, lent or taken back),
+        by thread; empty when none runs."""
         if self.store is None:
-            return 0.0
-        now, moved = time.monotonic(), self.store.watch.moved_at
-        longest = 0.0
+            return {}
+        now, watch = time.monotonic(), self.store.watch
+        out: dict[int | None, float] = {}
         for executor in (self._store_exec, getattr(self.rules, "executor", None)):
             since = executor.running_since if executor is not None else None
             if since is not None:
-                longest = max(longest, now - max(since, moved))
-        return longest
+                out[executor.thread_id] = now - max(since, watch.moved_at(executor.thread_id))
+        return out
 
     def _cut_if_silent(self, deadline: float) -> bool:
         """When a store call has gone ``deadline`` seconds without an answer (``_silence``), the
         store is silent: cut its connections so that the call fails as a lost connection and the
         usual outage path (backlog, retries) takes over. On the event loop; True after a cut."""
-        silent = self._silence()
+        silences = self._silence()
+        silent = max(silences.values(), default=0.0)
         if silent < deadline:
             return False
         assert self.store is not None
         watch = self.store.watch
-        watch.moved_at = time.monotonic()  # the next look only after another deadline without movement
+        for thread, seconds in silences.items():
+            if seconds >= deadline:
+                watch.moved(thread)  # the next look only after another deadline without movement
         cut = watch.cut()
         if not cut:  # connecting: libpq's connect_timeout ends that wait
             log.debug("store silent for %.0f s while connecting; no connection to cut", silent)
             return False
         self.stats.store_stalls += 1
+        self._cut = (time.monotonic(), silent)
         log.error(
             "store %s has not answered for %.0f s: %d connection(s) closed; the rows in flight go to the %s, "
             "and it is retried at each flush", describe_store(self.store.engine), silent, cut,
@@ -536,7 +545,7 @@ class Agent:
             if done:
                 return
             if silent_at is None:
-                if self._silence() >= deadline:
+                if max(self._silence().values(), default=0.0) >= deadline:
                     silent_at = time.monotonic()
                     self._cut_if_silent(deadline)
             elif time.monotonic() - silent_at >= deadline:

@@ -168,6 +168,11 @@ class DaemonExecutor(Executor):
         self._queue.put(None)
 
     @property
+    def thread_id(self) -> int | None:
+        """The thread's ``threading.get_ident()`` (``None`` before it started)."""
+        return self._thread.ident
+
+    @property
     def running_since(self) -> float | None:
         """``time.monotonic()`` when the call running now began; ``None`` while the thread waits
         for one."""

@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -116,27 +117,41 @@ class ConnectionWatch:
     connection) and interrupts each SQLite one (``sqlite3.Connection.interrupt``). The caller's
     usual "store unavailable" path then takes over (the agent spools the rows and retries).
 
+    Movement is kept per thread (``moved_at``): one thread stuck on a connection that stopped
+    answering (a NAT dropping one flow, one backend stalled) must not look alive because another
+    thread's connection still answers.
+
     Args:
         engine: the engine whose pool is watched (pool events ``connect``, ``checkout``,
             ``checkin``, ``close``, ``close_detached``, ``detach``).
     """
 
     def __init__(self, engine: Engine) -> None:
-        #: ``time.monotonic()`` of the pool's last connect, checkout or checkin
-        self.moved_at = time.monotonic()
+        #: thread ident → ``time.monotonic()`` of that thread's last connect, checkout or checkin
+        self._moved: dict[int, float] = {}
         self._conns: dict[int, Any] = {}
         event.listen(engine, "connect", self._connected)
-        event.listen(engine, "checkout", self._moved)
-        event.listen(engine, "checkin", self._moved)
+        event.listen(engine, "checkout", self._moving)
+        event.listen(engine, "checkin", self._moving)
         for gone in ("close", "close_detached", "detach"):
             event.listen(engine, gone, self._closed)
 
     def _connected(self, dbapi_connection: Any, *_: Any) -> None:
         self._conns[id(dbapi_connection)] = dbapi_connection
-        self.moved_at = time.monotonic()
+        self._moving()
 
-    def _moved(self, *_: Any) -> None:
-        self.moved_at = time.monotonic()
+    def _moving(self, *_: Any) -> None:
+        self._moved[threading.get_ident()] = time.monotonic()
+
+    def moved_at(self, thread: int | None) -> float:
+        """``time.monotonic()`` of thread ``thread``'s last movement in the pool (a connection
+        opened, lent or taken back); ``-inf`` when it made none yet or ``thread`` is ``None``."""
+        return self._moved.get(thread, float("-inf")) if thread is not None else float("-inf")
+
+    def moved(self, thread: int | None) -> None:
+        """Count now as a movement of ``thread`` (after a cut: the next only after another deadline)."""
+        if thread is not None:
+            self._moved[thread] = time.monotonic()
 
     def _closed(self, dbapi_connection: Any, *_: Any) -> None:
         self._conns.pop(id(dbapi_connection), None)
