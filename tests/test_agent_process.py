@@ -230,3 +230,25 @@ def test_a_stop_whose_interrupt_was_swallowed_during_start_up_still_stops_the_ag
     t0 = time.monotonic()
     stats = asyncio.run(agent_main.run_until_signal(agent))
     assert time.monotonic() - t0 < 10 and stats.ticks <= 2  # not the capture's 76 s
+
+
+def test_sigalrm_from_outside_neither_kills_nor_stalls_the_agent(tmp_path):
+    """A paced run uses SIGALRM as its NVML watchdog. Outside it (start-up, a replay, the last
+    flush) the signal's default action used to end the agent (exit 142, ticks not yet stored
+    lost); a burst of it must not stop the ticks either."""
+    proc = _recorded_agent(tmp_path)
+
+    def while_it_runs() -> None:
+        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read())
+        for _ in range(20):  # through the start-up, before the first tick
+            proc.send_signal(signal.SIGALRM)
+            time.sleep(0.02)
+        _wait_for(lambda: _stored_ticks(tmp_path / "x.db") >= 2)
+        for _ in range(2000):  # a burst while it ticks
+            proc.send_signal(signal.SIGALRM)
+        ticks = _stored_ticks(tmp_path / "x.db")
+        _wait_for(lambda: _stored_ticks(tmp_path / "x.db") > ticks + 5)  # it goes on ticking and storing
+        assert proc.poll() is None
+
+    err = _stops_cleanly(proc, signal.SIGTERM, while_it_runs)
+    assert "ticks of 1 GPU(s)" in err

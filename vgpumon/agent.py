@@ -101,6 +101,22 @@ class AgentStats:
     ticks_skipped: int = 0
 
 
+def quiet_wakeup_fd() -> None:
+    """Let the signal wakeup fd that asyncio set drop bytes silently when full. With its default
+    (``warn_on_full_buffer=True``) a flood of signals (a script sending SIGALRM in a loop) makes
+    CPython queue a warning from inside the signal handler, and every thread can deadlock on the
+    interpreter's pending-calls lock (seen with CPython 3.11: the agent stopped answering, and
+    only SIGKILL ended it). Bytes are dropped with a full pipe either way (the flag only decides
+    whether a warning is queued), so nothing that worked before is lost; a watchdog alarm whose
+    byte is dropped is re-armed by the next read. On the main thread only."""
+    try:
+        fd = signal.set_wakeup_fd(-1)
+        if fd != -1:
+            signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+    except (ValueError, OSError):  # not the main thread, or no fd: nothing to quiet
+        pass
+
+
 #: At stop, the longest wait for a silent store before its connections are cut (the systemd unit
 #: gives the agent 30 s to stop; a live store's writes take milliseconds).
 STOP_GRACE_S = 10.0
@@ -857,6 +873,8 @@ class Agent:
                 loop.add_signal_handler(signal.SIGALRM, self._on_alarm)
             except (RuntimeError, ValueError, NotImplementedError):
                 self._alarm = False
+            else:
+                quiet_wakeup_fd()
         self._start_sampler(resume=False)
         watchdog = None
         if not self._alarm:

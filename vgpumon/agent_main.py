@@ -106,6 +106,22 @@ def store_deadline(statement_timeout: float, busy_timeout: float, connect_timeou
     return max(statement_timeout, busy_timeout) + connect_timeout + 10.0
 
 
+def _no_alarm(*_: Any) -> None:
+    """SIGALRM outside a paced run's reads: nothing to do."""
+
+
+def ignore_alarms() -> None:
+    """Make SIGALRM harmless for the agent process's whole life (on the main thread; a no-op
+    elsewhere). A paced run's watchdog uses it while it samples (``Agent._run_paced``); outside
+    that, during start-up, a replay or the last flush at stop, its default action would end the
+    process (exit 142) and lose the ticks not yet stored. A Python handler, not ``SIG_IGN``:
+    handlers do not survive an exec, so the processes the agent starts (py-spy) get the default."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGALRM, _no_alarm)
+
+
 def run(plan: dict[str, Any]) -> int:
     """Run the agent a plan describes until SIGINT/SIGTERM or its duration; prints the closing
     summary on stderr.
@@ -121,6 +137,8 @@ def run(plan: dict[str, Any]) -> int:
     import asyncio
 
     from vgpumon.workers import limit_malloc_arenas
+
+    ignore_alarms()  # the in-process path (VGPUMON_AGENT_EXEC=0) comes here without main()
 
     limit_malloc_arenas()  # before any thread starts: a long-lived daemon's resident memory
     from vgpumon.agent import Agent
@@ -384,6 +402,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # SIGTERM stops cleanly, like Ctrl-C, until the event loop takes both signals over
     signal.signal(signal.SIGTERM, ask_stop)
     signal.signal(signal.SIGINT, ask_stop)
+    ignore_alarms()
     sys.unraisablehook = quiet_lost_interrupts
     try:
         # held across the exec (exec_agent): one that came meanwhile is delivered here, as a stop
