@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from conftest import count, replay_into
 
 # A spool write on a full disk, for real: the child process may write at most 4 KiB per file
@@ -122,3 +123,50 @@ def test_vllm_samples_in_a_full_spool_fold_in_order_and_keep_every_change_of_sta
     assert [r["sample"]["state"] for r in kept].count(ServerState.DEAD.code) >= 1
     first_dead = next(r for r in kept if r["sample"]["state"] == ServerState.DEAD.code)
     assert first_dead["sample"]["ts"] == t0 + 2 * 360  # the moment it died survives folding
+
+
+# -- which store failures pass by themselves (exit 75, the agent restarted) and which need a person (69)
+
+
+@pytest.mark.parametrize(("message", "passes"), [
+    # libpq's own words (Postgres 15 server, psycopg 3), as the CLI saw them
+    ('connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused', True),
+    ("connection timeout expired", True),
+    ("consuming input failed: server closed the connection unexpectedly", True),
+    ('connection failed: could not translate host name "db.invalid-zone" to address: Name or service not known', True),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  the database system is shutting down', True),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  sorry, too many clients already', True),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  too many connections for role "vg"', True),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  remaining connection slots are reserved '
+     'for roles with the SUPERUSER attribute', True),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  role "nobody" does not exist', False),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "x" does not exist', False),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "vg"',
+     False),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: fe_sendauth: no password supplied', False),
+    ('connection failed: connection to server at "127.0.0.1", port 5432 failed: server does not support SSL, but SSL was required',
+     False),
+    ('connection is bad: invalid sslmode value: "bogus"', False),
+    ('connection is bad: invalid port number: "99999"', False),
+])
+def test_a_postgres_failure_is_transient_only_when_waiting_cures_it(message, passes):
+    """75 makes systemd restart the agent every 5 s; 69 stops it for good. A wrong 75 restarts a
+    misconfigured agent for ever, a wrong 69 leaves a host unmonitored after a passing outage."""
+    psycopg = pytest.importorskip("psycopg")
+    from vgpumon.store.engine import transient
+
+    assert transient(psycopg.OperationalError(message)) is passes
+
+
+@pytest.mark.parametrize(("message", "passes"), [
+    ("database is locked", True),
+    ("database or disk is full", True),
+    ("attempt to write a readonly database", False),
+    ("unable to open database file", False),
+])
+def test_a_sqlite_failure_is_transient_when_locked_or_full(message, passes):
+    import sqlite3
+
+    from vgpumon.store.engine import transient
+
+    assert transient(sqlite3.OperationalError(message)) is passes

@@ -58,7 +58,14 @@ def unavailable(engine_or_url: Engine | URL | str, exc: BaseException | str) -> 
 #: deadlock), 55P03 lock not available.
 _TRANSIENT_SQLSTATE = ("08", "53", "57", "40", "55P03")
 #: libpq's "FATAL:" refusals at connection that pass (Postgres 12–17 wording).
-_TRANSIENT_FATAL = ("starting up", "shutting down", "recovery mode", "too many clients", "connection slots", "terminating connection")
+_TRANSIENT_FATAL = (
+    "starting up", "shutting down", "recovery mode", "too many clients", "too many connections", "connection slots",
+    "terminating connection",
+)
+#: libpq's and the server's refusals that no wait cures, whether or not FATAL (Postgres 12–17 wording).
+_PERMANENT_LIBPQ = (
+    "password", "authentication", "SSL", "invalid ", "does not exist", "permission denied", "no pg_hba.conf entry",
+)
 
 
 def transient(exc: BaseException) -> bool:
@@ -76,8 +83,8 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, PoolTimeoutError):
         return True
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    if isinstance(orig, sqlite3.OperationalError):
-        return "locked" in str(orig) or "busy" in str(orig)
+    if isinstance(orig, sqlite3.OperationalError):  # locked by another writer; the disk full (as Postgres' class 53)
+        return any(p in str(orig) for p in ("locked", "busy", "disk is full"))
     if not type(orig).__module__.startswith("psycopg"):  # no psycopg import for a SQLite store
         return False
     import psycopg
@@ -88,8 +95,12 @@ def transient(exc: BaseException) -> bool:
     if state:
         return state.startswith(_TRANSIENT_SQLSTATE)
     # libpq's connection errors carry no SQLSTATE: a server that answered FATAL is reachable, and
-    # only its passing refusals are transient (a wrong role, database or password is not)
+    # only its passing refusals are transient (a wrong role, database or password is not); a
+    # setting libpq itself refuses (no password given, SSL required but absent, a bad sslmode or
+    # port) needs a person as much
     message = str(orig)
+    if any(p in message for p in _PERMANENT_LIBPQ):
+        return False
     if "FATAL:" not in message:
         return True  # refused, timed out, host not found, the connection lost
     return any(p in message for p in _TRANSIENT_FATAL)
