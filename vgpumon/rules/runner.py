@@ -83,6 +83,7 @@ class RuleRunner:
         self._last_at: float | None = None
         self._last_rule: dict[str, float] = {}
         self._carry = CarriedValues()
+        self._skipped = 0  # cycles in a row the store could not serve
 
     async def start(self, store: Store, hostname: str, write_executor: Executor) -> None:
         """Attach to the agent's store (writes go through ``write_executor``), restore the host's
@@ -139,11 +140,17 @@ class RuleRunner:
                 assert self._repo is not None
                 await loop.run_in_executor(self._write_exec, self._repo.save, self._hostname, changes.saved, changes.dropped)
         except StoreUnavailableError as exc:
-            log.warning("rules not evaluated: %s", exc)
+            # one line per outage, as the agent's store line: not one every cycle (15 s)
+            log.log(logging.DEBUG if self._skipped else logging.WARNING, "rules not evaluated: %s%s", exc,
+                    "" if self._skipped else " (said once until they are evaluated again)")
+            self._skipped += 1
             return
         except Exception:  # noqa: BLE001 - a rule bug must never take the sampling down
             log.exception("rule evaluation failed")
             return
+        if self._skipped:
+            log.warning("rules evaluated again after %d cycle(s) without the store", self._skipped)
+            self._skipped = 0
         self.dispatcher.submit(changes.notify)
 
     # -- what /metrics serves of the engine (vgpumon.exporter.feed.RulesFeed) ----------------------
