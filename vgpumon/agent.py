@@ -550,8 +550,9 @@ class Agent:
     async def _settle(self, task: "asyncio.Future[Any] | None", what: str) -> None:
         """At stop: wait for ``task`` (store work), cutting a silent store's connections after
         ``min(store_deadline, STOP_GRACE_S)`` seconds without an answer; when the call still
-        has not returned another such span later, leave it behind and say so (the process must
-        exit)."""
+        has not returned ``STOP_GRACE_S`` later (a connection attempt ends by its own
+        ``connect_timeout``, 5 s by default, and its batch is then spooled), leave it behind and
+        say so: the process must exit."""
         if task is None:
             return
         deadline = min(self.store_deadline, STOP_GRACE_S)
@@ -564,7 +565,7 @@ class Agent:
                 if max(self._silence().values(), default=0.0) >= deadline:
                     silent_at = time.monotonic()
                     self._cut_if_silent(deadline)
-            elif time.monotonic() - silent_at >= deadline:
+            elif time.monotonic() - silent_at >= STOP_GRACE_S:
                 log.error("%s did not end after the store's connections were closed; left behind", what)
                 self._store_abandoned = True
                 return
