@@ -524,7 +524,8 @@ class Agent:
     def _cut_if_silent(self, deadline: float) -> bool:
         """When a store call has gone ``deadline`` seconds without an answer (``_silence``), the
         store is silent: cut its connections so that the call fails as a lost connection and the
-        usual outage path (backlog, retries) takes over. On the event loop; True after a cut."""
+        usual outage path (backlog, retries) takes over. Safe from any thread (the event loop's
+        flush, a registration waiting for the store thread); True after a cut."""
         silences = self._silence()
         silent = max(silences.values(), default=0.0)
         if silent < deadline:
@@ -613,10 +614,7 @@ class Agent:
             try:
                 return fut.result(timeout=1.0)
             except FutureTimeout:
-                if self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._cut_if_silent, self.store_deadline)
-                else:
-                    self._cut_if_silent(self.store_deadline)
+                self._cut_if_silent(self.store_deadline)
 
     async def _register(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._host_exec, self._register_blocking)
@@ -918,22 +916,30 @@ class Agent:
         that began later, or one that returned just now) the timer is armed again for what is
         left. Under ``_alarm_lock`` throughout, so the sampling thread's ``_disarm`` comes
         strictly before or after."""
-
-        def next_generation() -> None:  # before the stuck thread can see it abandoned
-            self._gen += 1
-
         with self._alarm_lock:
             gen = self._reading
             if gen is None or gen != self._gen or self._sampler_over.is_set():
                 return  # the read ended as the signal came
             now = time.monotonic()
             stuck = self.source.inflight()
-            if stuck is not None and now - stuck[2] >= self.call_deadline and self._give_up(stuck, then=next_generation):
-                self._reading = None
-                self._start_sampler(resume=True)  # its first read arms the timer again
+            if stuck is not None and now - stuck[2] >= self.call_deadline and self._take_over(stuck):
+                self._reading = None  # the fresh thread's first read arms the timer again
                 return
             left = self.call_deadline - (now - stuck[2]) if stuck is not None else 0.0
             signal.setitimer(signal.ITIMER_REAL, left if left > 0.001 else self.call_deadline / 4)
+
+    def _take_over(self, stuck: tuple[int, str, float]) -> bool:
+        """Both paced watchdogs (timer and thread): give up on the sampling thread stuck in
+        ``stuck`` and start a fresh one that finishes the tick. False, changing nothing, when the
+        call returned meanwhile."""
+
+        def next_generation() -> None:  # before the stuck thread can see it abandoned
+            self._gen += 1
+
+        if not self._give_up(stuck, then=next_generation):
+            return False
+        self._start_sampler(resume=True)
+        return True
 
     def _start_sampler(self, resume: bool) -> None:
         gen = self._gen
@@ -1036,12 +1042,7 @@ class Agent:
             now = time.monotonic()
             stuck = self.source.inflight()
             if stuck is not None and now - stuck[2] >= self.call_deadline:
-
-                def next_generation() -> None:  # before the stuck thread can see it abandoned
-                    self._gen += 1
-
-                if self._give_up(stuck, then=next_generation):
-                    self._start_sampler(resume=True)
+                self._take_over(stuck)
                 continue
             since = stuck[2] if stuck is not None else max(self._next_read_at, now)
             self._sampler_over.wait(max(since + self.call_deadline - now, 0.01))
@@ -1058,7 +1059,6 @@ class Agent:
             StoreUnavailableError: the store cannot register the host's GPUs at start.
         """
         stop = stop or asyncio.Event()
-        self._loop = asyncio.get_running_loop()
         stop_watch = asyncio.get_running_loop().create_task(stop.wait())
         stop_watch.add_done_callback(lambda _: self._stopping.set())
         vllm_stop = asyncio.Event()

@@ -10,6 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.errors import StoreUnavailableError
 from vgpumon.model import Alert
+from vgpumon.store.engine import unavailable
 from vgpumon.store.schema import AlertRow, Host
 
 _T = AlertRow.__table__
@@ -45,8 +46,7 @@ class AlertRepository:
         self.engine = engine
 
     def _fail(self, exc: Exception) -> StoreUnavailableError:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        return StoreUnavailableError(f"store {self.engine.url.render_as_string(hide_password=True)} unavailable: {detail}")
+        return unavailable(self.engine, exc)
 
     def save(self, hostname: str, alerts: Sequence[Alert], dropped: Sequence[Alert] = ()) -> None:
         """Store alert episodes in one transaction: insert new ones (their ``id`` is set), update

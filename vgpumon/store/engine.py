@@ -75,7 +75,8 @@ def transient(exc: BaseException) -> bool:
     schema). Decides between exit 75 and 69 (``StoreUnreachableError``).
 
     Postgres: a connection-level error with no SQLSTATE (refused, timed out, the connection lost)
-    or one of ``_TRANSIENT_SQLSTATE``. SQLite: "database is locked". SQLAlchemy's pool timeout.
+    or one of ``_TRANSIENT_SQLSTATE``, unless libpq's message names a setting or a credential
+    (``_PERMANENT_LIBPQ``). SQLite: locked, busy, or the disk full. SQLAlchemy's pool timeout.
     """
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import TimeoutError as PoolTimeoutError
