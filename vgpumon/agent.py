@@ -121,6 +121,17 @@ def quiet_wakeup_fd() -> None:
 #: gives the agent 30 s to stop; a live store's writes take milliseconds).
 STOP_GRACE_S = 10.0
 
+#: Seconds between batched writes of a live agent: each flush is two transactions (GPU rows;
+#: the ticks' other rows) and a wake-up of the store thread, a fixed cost whatever the batch
+#: holds, so the interval sets the store's share of the agent's CPU (docs/benchmarks.md,
+#: "Agent footprint"). 10 s, as Telegraf's default ``flush_interval``: a process killed outright
+#: (SIGKILL, the OOM killer) loses at most 10 s of 1-Hz ticks, and the rules and ``diagnose``
+#: see a tick up to 10 s after it was taken (``/metrics`` and ``/api/v1/snapshot`` serve the
+#: newest tick from memory). docs/architecture.md.
+LIVE_FLUSH_S = 10.0
+#: A replay as fast as possible: its rows pile up in memory between flushes.
+REPLAY_FLUSH_S = 5.0
+
 
 class _Interrupted(Exception):
     """The store became unavailable part-way through a batch; ``rest`` is what it has not taken
@@ -147,7 +158,10 @@ class Agent:
         recorded_pace: a replay at the capture's own pace: each tick is taken in when as much
             wall time (``monotonic``) has passed since the first as capture time has, whatever
             ``interval`` says (a capture recorded at 0.5 s, or with gaps, replays as recorded).
-        flush_every: seconds of wall time between batched writes.
+        flush_every: seconds of wall time between batched writes; ``None``: ``LIVE_FLUSH_S``
+            (10 s) for a live or recorded-pace run, ``REPLAY_FLUSH_S`` (5 s) for a replay as fast
+            as possible (whose rows pile up in memory between flushes at thousands of ticks a
+            second). A process killed outright loses at most this much of its ticks.
         monotonic: injected clock for pacing, ``--duration`` and the intervals between ticks
             (``time.monotonic``).
         clock: injected wall clock for tick times (``time.time``); a step of it against
@@ -202,7 +216,7 @@ class Agent:
         duration: float | None = None,
         paced: bool = True,
         recorded_pace: bool = False,
-        flush_every: float = 5.0,
+        flush_every: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         on_tick: Callable[[Snapshot], None] | None = None,
@@ -229,6 +243,8 @@ class Agent:
         self.duration = duration
         self.paced = paced
         self.recorded_pace = recorded_pace
+        if flush_every is None:
+            flush_every = LIVE_FLUSH_S if paced or recorded_pace else REPLAY_FLUSH_S
         self.flush_every = flush_every
         self.monotonic = monotonic
         self.clock = clock
