@@ -672,8 +672,10 @@ class Store:
                 return list(conn.execute(stmt, {**self._id_params(ids), "start": start, "end": end}).mappings().all())
 
         try:
-            workers = min(len(gpu_ids), os.cpu_count() or 1)
-            if self.dialect == "sqlite" and workers > 1 and end - start > PARALLEL_WINDOW_S:
+            # (cpu_count reads sysfs each call: asked only when a split is possible at all)
+            long_sqlite = self.dialect == "sqlite" and len(gpu_ids) > 1 and end - start > PARALLEL_WINDOW_S
+            workers = min(len(gpu_ids), os.cpu_count() or 1) if long_sqlite else 1
+            if workers > 1:
                 # SQLite runs a query on one core; its module releases the GIL while it steps,
                 # and WAL lets readers run side by side: one connection per core halves the
                 # time on 2 cores over long windows (docs/benchmarks.md). A short window (the
