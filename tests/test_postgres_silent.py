@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 
 from conftest import H200_CAPTURE
+from exporter_support import scrape
 from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
+from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.rules.runner import RuleRunner
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import read_capture
@@ -64,6 +66,7 @@ def test_a_store_gone_silent_mid_run_is_cut_loose_and_every_tick_stored_once(pri
     # (an outage is counted when a write was the call cut or its retry timed out; a write that
     # only waited in a connection attempt the thaw let through is not one)
     assert s.store_stalls >= 1, "the silent store was never noticed"
+    assert scrape(MetricsExporter.for_agent(agent)).value("vgpumon_agent_store_stalls_total", hostname="gpu-host-silent") == s.store_stalls
     assert s.rows_spooled == 0 and s.rows_pending == 0 and s.dead_letters == 0
     total, distinct, per_tick = _stored(pg.url)
     assert distinct == s.ticks, "a tick taken while the store was silent is missing (or stored twice)"

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import count, replay_into
+from exporter_support import scrape
+
+from vgpumon.exporter.collector import MetricsExporter
 
 # A spool write on a full disk, for real: the child process may write at most 4 KiB per file
 # (RLIMIT_FSIZE; SIGXFSZ ignored, so write() fails with EFBIG like it fails with ENOSPC on a full
@@ -77,9 +80,13 @@ def test_a_row_the_store_refuses_is_set_aside_and_every_other_row_stored(db_url,
 
     backlog = Backlog(spool)
     with caplog.at_level(logging.WARNING):
-        stats = replay_into(db_url, hostname="h", agent_kw={"backlog": backlog}).stats
+        agent = replay_into(db_url, hostname="h", agent_kw={"backlog": backlog})
+    stats = agent.stats
 
     assert stats.dead_letters == 1 and stats.outages == 0 and stats.rows_spooled == 0
+    served = scrape(MetricsExporter.for_agent(agent))  # what an SRE's dashboard sees
+    assert served.value("vgpumon_agent_dead_letters_total", hostname="h") == 1.0
+    assert served.value("vgpumon_agent_store_outages_total", hostname="h") == 0.0
     assert count(db_url, "SELECT count(*) FROM gpu_samples") == stats.ticks + 20
     assert count(db_url, f"SELECT count(*) FROM gpu_samples WHERE ts < {int((t0 + 100) * 1000)}") == 20
     letters = [json.loads(line) for line in backlog.dead_letter_path.read_text().splitlines()]

@@ -14,8 +14,10 @@ import time
 
 import pytest
 from conftest import H200_CAPTURE, replay_into
+from exporter_support import scrape
 
 from vgpumon.agent import Agent
+from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
 from vgpumon.store import open_store
@@ -265,6 +267,8 @@ def test_a_call_slow_but_within_its_deadline_skips_slots_and_says_so(tmp_path, s
                             agent_kw={"paced": True, "interval": 0.5, "call_deadline": 2.0, "duration": 8.0})
     assert agent.stats.ticks == 8  # the capture's seconds 0..7, every one stored
     assert 2 <= agent.stats.ticks_skipped <= 4, agent.stats.ticks_skipped  # 1.6 s over 0.5-s slots
+    served = scrape(MetricsExporter.for_agent(agent))
+    assert served.value("vgpumon_agent_ticks_skipped_total", hostname="h") == agent.stats.ticks_skipped
     text = caplog.text
     assert "is not shorter than the interval" in text
     assert "slot(s) without a tick" in text

@@ -152,4 +152,14 @@ AGENT: tuple[Field, ...] = (
     _count("store_outages_total", "counter", "Times the store became unreachable since the agent started.",
            "AgentStats.outages", "store outages"),
     _count("ticks_total", "counter", "Ticks sampled since the agent started.", "AgentStats.ticks", "ticks"),
+    _count("ticks_skipped_total", "counter",
+           "Tick slots left without a tick because the tick before ran past them (a call slow but within its "
+           "deadline, a starved host) since the agent started.", "AgentStats.ticks_skipped", "ticks skipped"),
+    _count("store_stalls_total", "counter",
+           "Times a store call went the store deadline without an answer and the agent closed the store's "
+           "connections (a database that accepts and never answers) since the agent started.",
+           "AgentStats.store_stalls", "store stalls"),
+    _count("dead_letters_total", "counter",
+           "Rows the store refused for what they hold, set aside in the dead-letter file beside the spool "
+           "instead of stored, since the agent started.", "AgentStats.dead_letters", "dead letters"),
 )

@@ -116,6 +116,13 @@ _ROWS_WRITTEN = _F("agent", "gpu_rows_written_total").prometheus
 _ROWS_FOLDED = _F("agent", "rows_folded_total").prometheus
 _OUTAGES = _F("agent", "store_outages_total").prometheus
 _TICKS = _F("agent", "ticks_total").prometheus
+#: (family, AgentStats attribute) of the agent's counters
+_STATS = (
+    (_ROWS_WRITTEN, "rows_written"), (_OUTAGES, "outages"), (_TICKS, "ticks"),
+    (_F("agent", "ticks_skipped_total").prometheus, "ticks_skipped"),
+    (_F("agent", "store_stalls_total").prometheus, "store_stalls"),
+    (_F("agent", "dead_letters_total").prometheus, "dead_letters"),
+)
 
 #: Every label name ``/metrics`` uses, and what it names. Identity only: a label whose value
 #: changed with a reading would start a new series every scrape (FACTS §7). A series has at most
@@ -554,9 +561,9 @@ class MetricsExporter(Collector):
         if self.backlog is not None and (fam := fams.get(_ROWS_FOLDED)) is not None:
             fam.add(base, float(self.backlog.folded_rows))
         if self.stats is not None:
-            for name, value in ((_ROWS_WRITTEN, self.stats.rows_written), (_OUTAGES, self.stats.outages), (_TICKS, self.stats.ticks)):
+            for name, attr in _STATS:
                 if (fam := fams.get(name)) is not None:
-                    fam.add(base, float(value))
+                    fam.add(base, float(getattr(self.stats, attr)))
 
     def _cached(self, key: tuple[Any, ...], make: Callable[[], Labels]) -> Labels:
         labels = self._labels.get(key)
