@@ -177,3 +177,28 @@ def test_a_sqlite_failure_is_transient_when_locked_or_full(message, passes):
     from vgpumon.store.engine import transient
 
     assert transient(sqlite3.OperationalError(message)) is passes
+
+
+def test_a_spool_that_cannot_be_written_is_reported_at_start_not_first_during_an_outage(db_url, tmp_path, caplog):
+    """``--spool`` below a file (a typo, a path on a read-only mount): the agent says so as it
+    starts, while the store is fine, so the operator learns that an outage would hold ticks in
+    memory only; it still stores every tick. A usable spool path draws no such line, and nothing
+    is created for it while the store answers."""
+    import logging
+
+    from vgpumon.store.spool import Backlog
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="vgpumon.agent"):
+        agent = replay_into(db_url, hostname="h", agent_kw={"backlog": Backlog(blocker / "spool")})
+    lines = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(lines) == 1 and f"{blocker} is not a directory" in lines[0] and "memory only" in lines[0], lines
+    assert count(db_url, "SELECT count(DISTINCT ts) FROM gpu_samples") == agent.stats.ticks > 0
+
+    caplog.clear()
+    fine = tmp_path / "deep" / "spool"
+    with caplog.at_level(logging.WARNING, logger="vgpumon.agent"):
+        replay_into(db_url, hostname="h2", agent_kw={"backlog": Backlog(fine)})
+    assert not [r for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert not (tmp_path / "deep").exists()

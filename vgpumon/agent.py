@@ -1088,6 +1088,11 @@ class Agent:
             if self.store is not None:
                 if len(self.backlog):
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
+                why = self.backlog.unwritable()
+                if why is not None:  # said now, not first during an outage
+                    log.warning("spool %s cannot be written (%s): while the store is away, ticks will be held in "
+                                "memory only (bounded) and lost if the agent stops before it is back",
+                                self.backlog.spool_dir, why)
             if self.vllm is not None:
                 vllm_task = asyncio.get_running_loop().create_task(self._run_vllm(vllm_stop))
             if self.kubernetes is not None:

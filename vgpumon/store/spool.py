@@ -126,6 +126,25 @@ class Backlog:
             return None
         return self.spool_dir.with_name(self.spool_dir.name + ".dead-letter.jsonl")
 
+    def unwritable(self) -> str | None:
+        """Why the spool could not take a batch now, or ``None`` (it could, or there is no
+        spool): the directory, or where it is yet to be made the nearest folder above it, is
+        not a folder this process may write in (permissions, a read-only file system, a file in
+        the way). Asked at start, so that an operator hears of it before an outage rather than
+        during one; nothing is created or written."""
+        if self.spool_dir is None:
+            return None
+        if self.spool_failed:
+            return "it could not be read at start"
+        at = self.spool_dir
+        while not at.exists() and at.parent != at:
+            at = at.parent  # made on first use: the nearest folder that exists must take it
+        if not at.is_dir():
+            return f"{at} is not a directory"
+        if not os.access(at, os.W_OK | os.X_OK):
+            return f"{at} is not writable by this process"
+        return None
+
     # -- spool files -----------------------------------------------------------------------------
 
     def _load(self) -> None:
