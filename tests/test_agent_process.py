@@ -34,11 +34,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _recorded_agent(tmp_path, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
-    """``vgpumon agent`` replaying the H200 capture at its recorded pace (about a minute), no HTTP."""
+def _recorded_agent(tmp_path, env: dict[str, str] | None = None, flush: str | None = "1s", **popen: Any) -> subprocess.Popen:
+    """``vgpumon agent`` replaying the H200 capture at its recorded pace (about a minute), no HTTP,
+    writing every ``flush`` (``None``: the default, 10 s, which would make tests wait that long
+    for rows)."""
     return subprocess.Popen(
         [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded",
-         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
+         "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool"),
+         *(["--flush-interval", flush] if flush else [])],
         stderr=subprocess.PIPE, text=True, env=env if env is not None else _env(), **popen,
     )
 
@@ -181,6 +184,31 @@ def test_a_stop_that_landed_in_generated_code_during_start_up_still_exits_0(tmp_
         assert ("stopped while starting" in out.stderr) == (argv == ["agent"]), out.stderr
 
 
+@pytest.mark.parametrize("flush, most_writes", [("1s", None), (None, 1)])
+def test_the_flush_interval_sets_how_often_ticks_reach_the_store(tmp_path, flush, most_writes):
+    """``--flush-interval 1s`` writes the ticks about every second; the default (10 s for a
+    live or recorded-pace agent) at most once in the same 8 s. Counted as the changes a reader
+    of the store sees while the agent ticks once a second."""
+    proc = _recorded_agent(tmp_path, flush=flush)
+    db = tmp_path / "x.db"
+
+    def watch() -> None:
+        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read(), timeout=60)
+        _wait_for(lambda: _stored_ticks(db) > 0, timeout=60)  # the first write: the agent ticks
+        seen, changes, end = _stored_ticks(db), 0, time.monotonic() + 8.0
+        while time.monotonic() < end:
+            time.sleep(0.2)
+            now = _stored_ticks(db)
+            changes += now != seen
+            seen = now
+        if most_writes is None:
+            assert changes >= 3, f"the store changed {changes} time(s) in 8 s with --flush-interval {flush}"
+        else:
+            assert changes <= most_writes, f"the store changed {changes} times in 8 s with the default interval"
+
+    _stops_cleanly(proc, signal.SIGTERM, watch)
+
+
 def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_path):
     """``python -X dev -c '…main()' agent …``: the exec keeps ``-X dev`` and drops ``-c``."""
     out = subprocess.run(
@@ -258,14 +286,25 @@ def test_a_stop_whose_interrupt_was_swallowed_during_start_up_still_stops_the_ag
 def test_sigalrm_from_outside_neither_kills_nor_stalls_the_agent(tmp_path):
     """A paced run uses SIGALRM as its NVML watchdog. Outside it (start-up, a replay, the last
     flush) the signal's default action used to end the agent (exit 142, ticks not yet stored
-    lost); a burst of it must not stop the ticks either."""
+    lost), in the CLI before the exec and between the exec and the lean process's handlers too;
+    a burst of it must not stop the ticks either."""
     proc = _recorded_agent(tmp_path)
 
+    def catches_sigalrm() -> bool:  # the CLI has its handler (before it, any Python dies of one)
+        status = open(f"/proc/{proc.pid}/status").read()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        return bool(caught & (1 << (signal.SIGALRM - 1)))
+
     def while_it_runs() -> None:
-        _wait_for(lambda: b"--plan-fd" in open(f"/proc/{proc.pid}/cmdline", "rb").read())
-        for _ in range(20):  # through the start-up, before the first tick
+        # from the CLI's imports, through the exec, to the lean process's start-up
+        _wait_for(catches_sigalrm, timeout=60)
+        end = time.monotonic() + 60
+        while b"--plan-fd" not in open(f"/proc/{proc.pid}/cmdline", "rb").read() and time.monotonic() < end:
             proc.send_signal(signal.SIGALRM)
-            time.sleep(0.02)
+            time.sleep(0.005)
+        for _ in range(40):  # before the first tick
+            proc.send_signal(signal.SIGALRM)
+            time.sleep(0.005)
         _wait_for(lambda: _stored_ticks(tmp_path / "x.db") >= 2)
         for _ in range(2000):  # a burst while it ticks
             proc.send_signal(signal.SIGALRM)

@@ -80,7 +80,8 @@ def make_plan(
         },
         "agent": {
             "interval": a.interval, "hostname": a.hostname, "slow_every": a.slow_every, "host_every": a.host_every,
-            "reprobe_every": a.reprobe_every, "call_deadline": a.call_deadline, "gpm": a.gpm, "spool": str(a.spool),
+            "reprobe_every": a.reprobe_every, "call_deadline": a.call_deadline, "flush_interval": a.flush_interval,
+            "gpm": a.gpm, "spool": str(a.spool),
             "spool_max_mb": a.spool_max_mb, "buffer_max_rows": a.buffer_max_rows,
         },
         "vllm": {"enabled": settings.vllm.enabled, "urls": list(settings.vllm.urls), "interval": settings.vllm.interval},
@@ -208,6 +209,7 @@ def run(plan: dict[str, Any]) -> int:
         retention=Retention(store, raw_retention_s=st["raw_retention"], rollup_retention_s=st["rollup_retention"]),
         kubernetes=kubernetes,
         call_deadline=a["call_deadline"],
+        flush_every=a["flush_interval"],
         rules=rules,
         store_deadline=store_deadline(st["statement_timeout_s"], st["busy_timeout_ms"] / 1000, st["connect_timeout_s"]),
     )
@@ -300,6 +302,9 @@ async def run_until_signal(agent: Any, exporter: Any = None, api: Any = None) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from vgpumon.agent import quiet_wakeup_fd
+
+    quiet_wakeup_fd()  # a flood of signals must not warn from the handler, replays included (agent.py)
     if stop_asked():  # a stop whose KeyboardInterrupt was swallowed during start-up (a GC callback)
         stop.set()
     if exporter is None:
@@ -329,8 +334,9 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
     """
     fd = os.memfd_create("vgpumon-agent-plan", 0)  # no MFD_CLOEXEC: the new image inherits it
     # A SIGINT/SIGTERM between the exec and the new image's handlers would kill the agent (143)
-    # instead of stopping it (0): the signal mask survives exec, so hold both until ``main``.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    # instead of stopping it (0), a stray SIGALRM would end it (-14): the signal mask survives
+    # exec, so hold them until ``main`` has its handlers.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_ACROSS_EXEC)
     try:
         os.write(fd, json.dumps(plan).encode())
         os.lseek(fd, 0, os.SEEK_SET)
@@ -345,7 +351,8 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+#: Blocked across the exec, released by ``main`` once its handlers are in place.
+_HELD_ACROSS_EXEC = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM}
 
 #: The new image's first lines. ``python -m`` or ``-c`` would put the working directory first on
 #: ``sys.path``, so an agent started from a directory holding a ``vgpumon/`` (a checkout, ``/tmp``)
@@ -406,7 +413,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.unraisablehook = quiet_lost_interrupts
     try:
         # held across the exec (exec_agent): one that came meanwhile is delivered here, as a stop
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_ACROSS_EXEC)
         from vgpumon.workers import name_process
 
         name_process("vgpumon")  # `pgrep vgpumon`, `top` keep finding the agent after the exec

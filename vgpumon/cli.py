@@ -216,6 +216,11 @@ def agent(
     host_every: Annotated[
         Optional[int], typer.Option(help="Sample host CPU/memory and GPU processes' owners, RSS and CPU every N ticks (default 5).")
     ] = None,
+    flush_interval: Annotated[
+        Optional[str],
+        typer.Option(help="Time between batched writes to the store (default 10s, 5s for a replay as fast as possible; "
+                     "setting agent.flush_interval). Shorter loses less to a kill -9 and costs more CPU."),
+    ] = None,
     vllm_url: Annotated[
         Optional[list[str]],
         typer.Option("--vllm-url", help="Also scrape this vLLM server (repeatable), e.g. one in a container (VGPUMON_VLLM_URLS, setting vllm.urls)."),
@@ -294,6 +299,7 @@ def agent(
             ("agent", "hostname"): ("--hostname", hostname),
             ("agent", "slow_every"): ("--slow-every", slow_every),
             ("agent", "host_every"): ("--host-every", host_every),
+            ("agent", "flush_interval"): ("--flush-interval", flush_interval),
             ("agent", "reprobe_every"): ("--reprobe-every", reprobe_every),
             ("agent", "call_deadline"): ("--call-deadline", call_deadline),
             ("agent", "gpm"): ("--no-gpm", False if no_gpm else None),

@@ -217,6 +217,10 @@ class AgentSettings(_Section):
     call_deadline: Optional[Annotated[float, _duration(0.01, 60)]] = Field(
         None, description="a GPU whose read takes longer counts as wedged and is skipped until the call returns; default: half the interval, 0.25–5 s"
     )
+    flush_interval: Optional[Annotated[float, _duration(0.1, 300)]] = Field(
+        None, description="time between batched writes to the store; a process killed outright loses at most this much; "
+        "default: 10 s, 5 s for a replay as fast as possible"
+    )
     gpm: bool = Field(True, description="use GPM for SM activity and PCIe bytes/s where the GPU has it")
     spool: Optional[Path] = Field(
         None, description="directory where ticks wait while the store is away; default: per store under the user's state directory"

@@ -111,10 +111,15 @@ def caused_by_interrupt(exc: BaseException | None) -> bool:
     return False
 
 
+def _no_alarm(*_: object) -> None:
+    """SIGALRM before the agent's own handler: nothing to do."""
+
+
 def install_signal_handlers(argv: list[str]) -> None:
     """SIGTERM raises ``KeyboardInterrupt`` for the commands that stop cleanly, like Ctrl-C, until
     the agent's event loop takes both signals over, and either is noted (``stop_asked``) in case
-    the exception is lost; other commands keep SIGTERM's default.
+    the exception is lost; SIGALRM does nothing; other commands keep SIGTERM's and SIGALRM's
+    defaults.
 
     A SIGINT ignored by the parent (``vgpumon agent &`` in a script) is taken over too: the event
     loop's handler stops the agent on SIGINT later in any case, as a Go exporter's
@@ -122,6 +127,9 @@ def install_signal_handlers(argv: list[str]) -> None:
     if stops_cleanly(argv):
         signal.signal(signal.SIGTERM, ask_stop)
         signal.signal(signal.SIGINT, ask_stop)
+        # SIGALRM's default action would end the agent while it starts (the lean process keeps
+        # this for its whole life: ``agent_main.ignore_alarms``)
+        signal.signal(signal.SIGALRM, _no_alarm)
         sys.unraisablehook = quiet_lost_interrupts
 
 
