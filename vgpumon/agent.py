@@ -1089,7 +1089,8 @@ class Agent:
                 if len(self.backlog):
                     log.warning("replaying %d rows spooled by an earlier run", self.backlog.spooled_rows)
                 why = self.backlog.unwritable()
-                if why is not None:  # said now, not first during an outage
+                if why is not None and not self.backlog.spool_failed:  # said now, not first during an outage
+                    # (a spool that could not even be read was reported as the backlog loaded)
                     log.warning("spool %s cannot be written (%s): while the store is away, ticks will be held in "
                                 "memory only (bounded) and lost if the agent stops before it is back",
                                 self.backlog.spool_dir, why)
