@@ -30,7 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
-from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, quiet_lost_interrupts, stop_asked
+from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, no_alarm, quiet_lost_interrupts, stop_asked
 from vgpumon.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
@@ -107,10 +107,6 @@ def store_deadline(statement_timeout: float, busy_timeout: float, connect_timeou
     return max(statement_timeout, busy_timeout) + connect_timeout + 10.0
 
 
-def _no_alarm(*_: Any) -> None:
-    """SIGALRM outside a paced run's reads: nothing to do."""
-
-
 def ignore_alarms() -> None:
     """Make SIGALRM harmless for the agent process's whole life (on the main thread; a no-op
     elsewhere). A paced run's watchdog uses it while it samples (``Agent._run_paced``); outside
@@ -120,7 +116,7 @@ def ignore_alarms() -> None:
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGALRM, _no_alarm)
+        signal.signal(signal.SIGALRM, no_alarm)
 
 
 def run(plan: dict[str, Any]) -> int:

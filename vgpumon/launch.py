@@ -111,8 +111,9 @@ def caused_by_interrupt(exc: BaseException | None) -> bool:
     return False
 
 
-def _no_alarm(*_: object) -> None:
-    """SIGALRM before the agent's own handler: nothing to do."""
+def no_alarm(*_: object) -> None:
+    """SIGALRM's handler outside a paced run's reads (the CLI before the exec, the lean agent's
+    whole life: ``agent_main.ignore_alarms``): nothing to do."""
 
 
 def install_signal_handlers(argv: list[str]) -> None:
@@ -129,7 +130,7 @@ def install_signal_handlers(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, ask_stop)
         # SIGALRM's default action would end the agent while it starts (the lean process keeps
         # this for its whole life: ``agent_main.ignore_alarms``)
-        signal.signal(signal.SIGALRM, _no_alarm)
+        signal.signal(signal.SIGALRM, no_alarm)
         sys.unraisablehook = quiet_lost_interrupts
 
 
