@@ -20,7 +20,7 @@ import pytest
 from conftest import H200_CAPTURE
 
 from vgpumon import agent_main
-from vgpumon.errors import ExitCode
+from vgpumon.base.errors import ExitCode
 
 #: the console script, as a user types it (the exec must not depend on how the CLI was started)
 SCRIPT = shutil.which("vgpumon", path=str(Path(sys.executable).parent))

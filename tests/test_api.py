@@ -24,7 +24,7 @@ from vgpumon.exporter.api import ApiConfig, is_loopback
 from vgpumon.sources.nvml_backend import ReplayBackend
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import VllmProcess
-from vgpumon.stacks import dump
+from vgpumon.diagnose.stacks import dump
 from vgpumon.testing import scenarios
 from vgpumon.testing.vllm import FakeVllmServer
 

@@ -74,7 +74,7 @@ def test_findings_that_are_all_pending_are_not_introduced_with_and():
     under a heading with nothing before it."""
     import io
 
-    from vgpumon import render
+    from vgpumon.diagnose import render
 
     buf = io.StringIO()
     out = render.console(buf, width=120, color=False)
@@ -95,7 +95,7 @@ def test_an_80_column_terminal_shows_every_figure_whole(store):
     import json
     import re
 
-    from vgpumon.render import render_diagnose
+    from vgpumon.diagnose.render import render_diagnose
 
     out = subprocess.run(VGPUMON + ["diagnose", "h", "--db", str(store), "--json"], capture_output=True, text=True,
                          env=_env(), timeout=60)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from vgpumon.config import format_duration, load_settings, parse_duration
-from vgpumon.errors import ConfigFileError, UsageError
-from vgpumon.masking import MaskingFormatter, mask_secrets
+from vgpumon.base.errors import ConfigFileError, UsageError
+from vgpumon.base.masking import MaskingFormatter, mask_secrets
 
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 

@@ -73,7 +73,7 @@ def test_agent_stores_topology_and_diagnose_names_the_sharers(tmp_path):
     assert [h["kind"] for h in path] == ["gpu", "bridge", "bridge", "root", "host_bridge"]
     assert path[3]["bdf"] == "0000:00:03.0" and path[3]["shared_with_gpus"] == [4, 6, 7]
     assert path[3]["capacity_bytes_per_second"] > 60e9
-    from vgpumon.render import render_diagnose
+    from vgpumon.diagnose.render import render_diagnose
 
     assert "root 0000:00:03.0 Gen5 x16, shared with GPU 4, 6, 7" in render_diagnose(report)
 

@@ -29,9 +29,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from vgpumon.errors import CaptureFormatError, ExitCode, VgpumonError
+from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
 from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, no_alarm, quiet_lost_interrupts, stop_asked
-from vgpumon.masking import MaskingFormatter, mask_secrets
+from vgpumon.base.masking import MaskingFormatter, mask_secrets
 
 if TYPE_CHECKING:
     from vgpumon.config import Settings
@@ -133,7 +133,7 @@ def run(plan: dict[str, Any]) -> int:
     """
     import asyncio
 
-    from vgpumon.workers import limit_malloc_arenas
+    from vgpumon.base.workers import limit_malloc_arenas
 
     ignore_alarms()  # the in-process path (VGPUMON_AGENT_EXEC=0) comes here without main()
 
@@ -264,7 +264,7 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
     """
     from pathlib import Path
 
-    from vgpumon.errors import ConfigFileError
+    from vgpumon.base.errors import ConfigFileError
     from vgpumon.exporter import ExporterConfig
     from vgpumon.exporter.selection import SelectionError, read_selection
 
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         # held across the exec (exec_agent): one that came meanwhile is delivered here, as a stop
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_ACROSS_EXEC)
-        from vgpumon.workers import name_process
+        from vgpumon.base.workers import name_process
 
         name_process("vgpumon")  # `pgrep vgpumon`, `top` keep finding the agent after the exec
         if len(args) < 2 or args[0] != "--plan-fd":

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 import typer
 
 from vgpumon import __version__
-from vgpumon.errors import ExitCode, OutputError, StoreUnavailableError, UsageError, VgpumonError
-from vgpumon.masking import mask_secrets
+from vgpumon.base.errors import ExitCode, OutputError, StoreUnavailableError, UsageError, VgpumonError
+from vgpumon.base.masking import mask_secrets
 
 if TYPE_CHECKING:
     from vgpumon.config import Flags, Settings
@@ -673,7 +673,7 @@ def diagnose(
         },
     )
     from vgpumon.diagnose import exit_code, resolve_host
-    from vgpumon.render import console, print_diagnose
+    from vgpumon.diagnose.render import console, print_diagnose
 
     name, port, _ = _target(host, settings.diagnose.port)
     rep = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
@@ -694,7 +694,7 @@ def diagnose(
 
 
 def _target(host: str, default_port: int) -> tuple[str, int, bool]:
-    from vgpumon.remote import parse_target
+    from vgpumon.diagnose.remote import parse_target
 
     return parse_target(host, default_port)
 
@@ -705,7 +705,7 @@ def _report_from_agent(settings: "Settings", host: str, port: int, since: Option
     ``unreachable`` (the caller falls back to the store)."""
     from vgpumon.config import format_duration
     from vgpumon.diagnose import resolve_host, unknown_report
-    from vgpumon.remote import AgentRefused, AgentUnreachable, fetch_report
+    from vgpumon.diagnose.remote import AgentRefused, AgentUnreachable, fetch_report
 
     d, a = settings.diagnose, settings.api
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -801,7 +801,7 @@ def capacity(
     settings = _settings(ctx, {("store", "url"): ("--db", db)})
     from vgpumon.capacity import review
     from vgpumon.capacity.render import print_review
-    from vgpumon.render import console
+    from vgpumon.diagnose.render import console
     from vgpumon.rules.thresholds import Thresholds
 
     if html is not None:

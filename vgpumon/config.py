@@ -39,9 +39,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
-from vgpumon.durations import MAX_DURATION_S, format_duration, parse_duration
-from vgpumon.errors import ConfigFileError, UsageError
-from vgpumon.masking import MASK, mask_secrets
+from vgpumon.base.durations import MAX_DURATION_S, format_duration, parse_duration
+from vgpumon.base.errors import ConfigFileError, UsageError
+from vgpumon.base.masking import MASK, mask_secrets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,7 +68,7 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
 }
 
 # -- durations ----------------------------------------------------------------------------------
-# (in vgpumon.durations, which the lean agent process imports without pydantic)
+# (in vgpumon.base.durations, which the lean agent process imports without pydantic)
 
 def _duration(minimum: float = 0.0, maximum: float = MAX_DURATION_S) -> Any:
     return BeforeValidator(lambda v: parse_duration(v, minimum=minimum, maximum=maximum))

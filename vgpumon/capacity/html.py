@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from vgpumon.errors import ExitCode, VgpumonError
+from vgpumon.base.errors import ExitCode, VgpumonError
 
 
 class PlotlyMissingError(VgpumonError):

@@ -26,7 +26,7 @@ import math
 from typing import Any, Sequence
 
 from vgpumon.diagnose.findings import iso
-from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.store import Store
 from vgpumon.store.repository import decode_rollup
 from vgpumon.store.rollup import percentile

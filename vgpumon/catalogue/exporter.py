@@ -51,7 +51,7 @@ DERIVED: tuple[Field, ...] = (
     _derived(
         "pcie_link_capacity_bytes_per_second", "derived", "bytes_per_second",
         "Capacity of one direction of the GPU's max PCIe link (device ∧ slot generation × width), after line coding.",
-        "vgpumon.pcie.link_capacity_bytes_per_second(pcie_link_gen_max, pcie_link_width_max)", BYTES_PER_SECOND,
+        "vgpumon.base.pcie.link_capacity_bytes_per_second(pcie_link_gen_max, pcie_link_width_max)", BYTES_PER_SECOND,
         cadence="static", lo=0, hi=_LINK_MAX, prometheus="vgpumon_gpu_pcie_link_capacity_bytes_per_second",
         label="PCIe link capacity", note="FACTS §3; TX and RX each have this capacity",
     ),

@@ -1,4 +1,4 @@
-"""The on-call report of one host (pure data; rendering is ``vgpumon.render``).
+"""The on-call report of one host (pure data; rendering is ``vgpumon.diagnose.render``).
 
 The window ends at the newest stored sample of the host (not at "now"), so a report on a replayed
 capture or on a host whose agent died an hour ago still describes the last data there is; the age

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vgpumon import catalogue
-from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.store import Store, StoredGpu
 
 _REPORTED = catalogue.fields_of("gpu_samples")

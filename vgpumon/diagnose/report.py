@@ -4,7 +4,7 @@ The report answers, in this order: the verdict and its top reasons (naming GPUs)
 most severe first, each with its GPU, evidence, since when, meaning and next step (XIDs with our
 table's meaning and action per code and every event time); per GPU the window's figures and
 health per area; the vLLM servers and the GPUs they hold; the processes holding most GPU memory;
-the trends (memory, PCIe p95); how fresh each source is. ``vgpumon.render`` prints it; ``--json``
+the trends (memory, PCIe p95); how fresh each source is. ``vgpumon.diagnose.render`` prints it; ``--json``
 prints it as it is; the agent's ``/api/v1/diagnose`` serves it. Decisions: docs/diagnose.md.
 """
 
@@ -25,7 +25,7 @@ from vgpumon.diagnose.findings import (
     unreadable_now,
     verdict,
 )
-from vgpumon.errors import ExitCode
+from vgpumon.base.errors import ExitCode
 from vgpumon.rules.core import duration
 
 if TYPE_CHECKING:

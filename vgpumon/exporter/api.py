@@ -213,7 +213,7 @@ class AgentApi:
         return _json({"hostname": self.agent.hostname, "evaluated_at": rules.evaluated_at, "alerts": rules.open_alerts()})
 
     async def _diagnose(self, request: web.Request) -> web.Response:
-        from vgpumon.durations import parse_duration
+        from vgpumon.base.durations import parse_duration
         from vgpumon.diagnose import parse_since
 
         q = request.query
@@ -265,7 +265,7 @@ class AgentApi:
         if not self.config.stacks:
             report["stacks_note"] = "this agent's config does not allow stacks ([api] stacks = false)"
             return
-        from vgpumon.stacks import dump
+        from vgpumon.diagnose.stacks import dump
 
         vllm = self.agent.vllm
         found = vllm.discovered() if vllm is not None else {}

@@ -39,7 +39,7 @@ from vgpumon.exporter.config import ExporterConfig
 from vgpumon.exporter.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
 from vgpumon.exporter.text import Family, Labels, metrics, render
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, ServerSample, ServerState, Snapshot, SourceStatus
-from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 
 if TYPE_CHECKING:
     from vgpumon.agent import Agent, AgentStats

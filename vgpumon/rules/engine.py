@@ -13,7 +13,7 @@ import logging
 from typing import Iterable, Sequence
 
 from vgpumon.alerts.lifecycle import AlertBook
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Finding, Rule
 from vgpumon.rules.thresholds import Thresholds

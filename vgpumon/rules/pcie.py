@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from vgpumon.pcie import LANE_GT_PER_S, link_capacity_bytes_per_second, replay_budget_per_minute
+from vgpumon.base.pcie import LANE_GT_PER_S, link_capacity_bytes_per_second, replay_budget_per_minute
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gpu_labels, pct, prom, prom_duration
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView

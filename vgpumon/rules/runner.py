@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from vgpumon.alerts.lifecycle import AlertBook, Changes
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.rules.engine import Engine
 from vgpumon.rules.view import CarriedValues, HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
-from vgpumon.workers import DaemonExecutor
+from vgpumon.base.workers import DaemonExecutor
 
 if TYPE_CHECKING:
     from vgpumon.exporter.feed import AlertSample

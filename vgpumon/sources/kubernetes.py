@@ -37,8 +37,8 @@ from vgpumon.model.kubernetes import (
     PodContainer,
     ProcessAttribution,
 )
-from vgpumon.pacing import sleep_unless
-from vgpumon.workers import name_os_thread
+from vgpumon.base.pacing import sleep_unless
+from vgpumon.base.workers import name_os_thread
 
 log = logging.getLogger(__name__)
 

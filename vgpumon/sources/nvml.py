@@ -43,9 +43,9 @@ from typing import Any, Callable
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
 from vgpumon.catalogue.door import _PLAIN_HI, _PLAIN_LO, _SENTINEL_FLOOR, sentinel
-from vgpumon.errors import NvmlUnavailableError
+from vgpumon.base.errors import NvmlUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, NvmlReading, SourceStatus, XidEvent
-from vgpumon.pcie import link_capacity_bytes_per_second
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.sources.nvml_fast import _INSUFFICIENT_SIZE, _NOT_AVAILABLE_U64
 from vgpumon.sources.nvml_fast import _VALUE_MEMBERS as _FV_MEMBERS
 from vgpumon.sources.nvml_backend import (

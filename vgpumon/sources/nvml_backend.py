@@ -43,7 +43,7 @@ import zlib
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from vgpumon.errors import CaptureFormatError
+from vgpumon.base.errors import CaptureFormatError
 from vgpumon.model.gpu import GPU_LOST_REASON
 
 CAPTURE_FORMAT_VERSION = 1
@@ -502,7 +502,7 @@ class LiveBackend:
         self._xid_thread.start()
 
     def _xid_wait_loop(self, event_set: Any, by_address: dict[int | None, int], active: bool) -> None:
-        from vgpumon.workers import name_os_thread
+        from vgpumon.base.workers import name_os_thread
 
         name_os_thread()
         nv = self._lib()
@@ -541,7 +541,7 @@ class LiveBackend:
         return latest
 
     def _pcie_loop(self) -> None:
-        from vgpumon.workers import name_os_thread
+        from vgpumon.base.workers import name_os_thread
 
         name_os_thread()
         nv = self._lib()

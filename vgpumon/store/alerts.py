@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from sqlalchemy import Engine, and_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import Alert
 from vgpumon.store.engine import unavailable
 from vgpumon.store.schema import AlertRow, Host

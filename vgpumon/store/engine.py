@@ -29,8 +29,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from vgpumon.errors import StoreUnavailableError, StoreUnreachableError
-from vgpumon.masking import mask_secrets
+from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
+from vgpumon.base.masking import mask_secrets
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 #: libpq counts ``connect_timeout`` in whole seconds and treats anything under 2 as 2.

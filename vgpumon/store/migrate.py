@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.store.engine import describe_store, sqlite_file, unavailable
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from sqlalchemy import BigInteger, Connection, Engine, and_, bindparam, case, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from vgpumon.errors import StoreUnavailableError
+from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import ServerSample, ServerState
 from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
