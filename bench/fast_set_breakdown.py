@@ -48,8 +48,8 @@ def main() -> None:
 
         (fake_fastset if args.c_fake else fake_nvml).install(args.fake_gpus)
     import pynvml as nv
-
     from nvml_cost import bare_tick
+
     from vgpumon.sources.nvml import GPM_METRICS, NvmlSource
 
     src = NvmlSource(slow_every=10**9, use_gpm=True)

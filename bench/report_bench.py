@@ -33,6 +33,8 @@ from sqlalchemy import text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from store_bench import CAPTURE, empty_store, h200_samples  # noqa: E402  (bench/ is the script's directory)
+
 from vgpumon.capacity import review  # noqa: E402
 from vgpumon.diagnose import build_report  # noqa: E402
 from vgpumon.model import GpuIdentity  # noqa: E402
@@ -42,8 +44,6 @@ from vgpumon.store import Store  # noqa: E402
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, encode_gpu_sample  # noqa: E402
 from vgpumon.store.rollup import rollup_rows  # noqa: E402
 from vgpumon.testing.capacity import switch_tree  # noqa: E402
-
-from store_bench import CAPTURE, empty_store, h200_samples  # noqa: E402  (bench/ is the script's directory)
 
 GPUS = 8
 T0 = 1_796_000_000.0  # a fixed start (2026-11-29 UTC), a whole minute, so that runs compare

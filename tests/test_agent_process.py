@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 

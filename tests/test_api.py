@@ -15,16 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from api_support import ServingAgent, get
 from conftest import H200_CAPTURE, H200_PHASES, phase
 from vllm_support import ServerThread, shared_dir
 
+from vgpumon.diagnose.stacks import dump
 from vgpumon.exporter.api import ApiConfig, is_loopback
 from vgpumon.sources.nvml_backend import ReplayBackend
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import VllmProcess
-from vgpumon.diagnose.stacks import dump
 from vgpumon.testing import scenarios
 from vgpumon.testing.vllm import FakeVllmServer
 

@@ -14,8 +14,8 @@ import sys
 
 from conftest import H200_CAPTURE, H200_PHASES, phase, replay_into
 
-from vgpumon.diagnose import build_report
 from vgpumon.base.pcie import link_capacity_bytes_per_second
+from vgpumon.diagnose import build_report
 
 COLUMNS = ("sm_active_ratio", "utilization_gpu_ratio", "pcie_rx_bytes_per_second", "memory_used_bytes")
 

@@ -13,7 +13,6 @@ from vgpumon.rules.view import LAST_READ, CarriedValues
 from vgpumon.store import Store
 from vgpumon.testing import scenarios
 
-
 #: nvmlDeviceGetTotalEccErrors(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC)
 ECC_UNCORRECTED_VOLATILE = ("nvmlDeviceGetTotalEccErrors", [1, 0])
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpumon.config import format_duration, load_settings, parse_duration
 from vgpumon.base.errors import ConfigFileError, UsageError
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
+from vgpumon.config import format_duration, load_settings, parse_duration
 
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import DATA, H200_CAPTURE, replay_into
 import pytest
+from conftest import DATA, H200_CAPTURE, replay_into
 from sqlalchemy import text
 
 from vgpumon.agent import Agent

@@ -34,10 +34,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from vgpumon.catalogue import is_rejection
 from vgpumon.base.errors import StoreUnavailableError
-from vgpumon.model import HostSample, NvmlReading, Snapshot
 from vgpumon.base.pacing import next_slot, sleep_unless
+from vgpumon.base.workers import DaemonExecutor, Latch, name_os_thread
+from vgpumon.catalogue import is_rejection
+from vgpumon.model import HostSample, NvmlReading, Snapshot
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
@@ -46,7 +47,6 @@ from vgpumon.store.codec import encode_gpu_sample, storable
 from vgpumon.store.engine import describe_store
 from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM, Backlog
-from vgpumon.base.workers import DaemonExecutor, Latch, name_os_thread
 
 if TYPE_CHECKING:
     from vgpumon.rules.runner import RuleRunner

@@ -30,8 +30,8 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
-from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, no_alarm, quiet_lost_interrupts, stop_asked
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
+from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, no_alarm, quiet_lost_interrupts, stop_asked
 
 if TYPE_CHECKING:
     from vgpumon.config import Settings

@@ -672,7 +672,7 @@ def diagnose(
             ("diagnose", "timeout"): ("--timeout", timeout),
         },
     )
-    from vgpumon.diagnose import exit_code, resolve_host
+    from vgpumon.diagnose import exit_code
     from vgpumon.diagnose.render import console, print_diagnose
 
     name, port, _ = _target(host, settings.diagnose.port)

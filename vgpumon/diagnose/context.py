@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from vgpumon.diagnose.findings import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
+from vgpumon.diagnose.findings import iso
 from vgpumon.rules.leak import theil_sen
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile

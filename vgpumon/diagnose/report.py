@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from vgpumon.base.errors import ExitCode
 from vgpumon.config import default_hostname
 from vgpumon.diagnose.findings import (
     GPU_SUBJECTS,
@@ -25,7 +26,6 @@ from vgpumon.diagnose.findings import (
     unreadable_now,
     verdict,
 )
-from vgpumon.base.errors import ExitCode
 from vgpumon.rules.core import duration
 
 if TYPE_CHECKING:

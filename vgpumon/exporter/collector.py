@@ -34,12 +34,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from vgpumon import __version__, catalogue
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS, XID_NAMES
 from vgpumon.exporter.config import ExporterConfig
 from vgpumon.exporter.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
 from vgpumon.exporter.text import Family, Labels, metrics, render
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, ServerSample, ServerState, Snapshot, SourceStatus
-from vgpumon.base.pcie import link_capacity_bytes_per_second
 
 if TYPE_CHECKING:
     from vgpumon.agent import Agent, AgentStats

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Iterable
 
 from vgpumon import catalogue
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS
 from vgpumon.catalogue.xid import XIDS
 from vgpumon.model.gpu import GPU_LOST_REASON
-from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, pct, prom, prom_duration
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView

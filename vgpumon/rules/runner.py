@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from vgpumon.alerts.lifecycle import AlertBook, Changes
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
 from vgpumon.base.errors import StoreUnavailableError
+from vgpumon.base.workers import DaemonExecutor
 from vgpumon.rules.engine import Engine
 from vgpumon.rules.view import CarriedValues, HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
-from vgpumon.base.workers import DaemonExecutor
 
 if TYPE_CHECKING:
     from vgpumon.exporter.feed import AlertSample

@@ -15,7 +15,6 @@ from vgpumon.model import fingerprint
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
 
-
 #: Columns whose newest value is read for every GPU at once, the first time any is asked for: the
 #: catalogue's ``last``/``cumulative`` columns (what ``diagnose`` shows, and what the latched rules
 #: read one by one).

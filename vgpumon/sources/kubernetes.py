@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from vgpumon.base.pacing import sleep_unless
+from vgpumon.base.workers import name_os_thread
 from vgpumon.model import HostSample, Snapshot, SourceStatus
 from vgpumon.model.kubernetes import (
     DeviceAllocations,
@@ -37,8 +39,6 @@ from vgpumon.model.kubernetes import (
     PodContainer,
     ProcessAttribution,
 )
-from vgpumon.base.pacing import sleep_unless
-from vgpumon.base.workers import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -41,13 +41,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from vgpumon import catalogue
+from vgpumon.base.errors import NvmlUnavailableError
+from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue import Door, Rejected
 from vgpumon.catalogue.door import _PLAIN_HI, _PLAIN_LO, _SENTINEL_FLOOR, sentinel
-from vgpumon.base.errors import NvmlUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, NvmlReading, SourceStatus, XidEvent
-from vgpumon.base.pcie import link_capacity_bytes_per_second
-from vgpumon.sources.nvml_fast import _INSUFFICIENT_SIZE, _NOT_AVAILABLE_U64
-from vgpumon.sources.nvml_fast import _VALUE_MEMBERS as _FV_MEMBERS
 from vgpumon.sources.nvml_backend import (
     ERROR_NAMES,
     NOT_IN_CAPTURE,
@@ -61,6 +59,8 @@ from vgpumon.sources.nvml_backend import (
     NvmlBackend,
     NvmlCallError,
 )
+from vgpumon.sources.nvml_fast import _INSUFFICIENT_SIZE, _NOT_AVAILABLE_U64
+from vgpumon.sources.nvml_fast import _VALUE_MEMBERS as _FV_MEMBERS
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,15 @@ from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import GpuIdentity, GpuSample, HostEvent, PcieHop, PcieTopology
 from vgpumon.store import partitions
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, encode_gpu_sample
-from vgpumon.store.engine import ConnectionWatch, describe_store, make_engine, normalise_url, sqlite_access, sqlite_file, unavailable
+from vgpumon.store.engine import (
+    ConnectionWatch,
+    describe_store,
+    make_engine,
+    normalise_url,
+    sqlite_access,
+    sqlite_file,
+    unavailable,
+)
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import (
     TIME_TABLES,

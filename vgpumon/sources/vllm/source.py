@@ -29,9 +29,10 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from vgpumon import catalogue
+from vgpumon.base.pacing import sleep_unless
+from vgpumon.base.workers import Latch, name_os_thread
 from vgpumon.catalogue import Door
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState, Snapshot
-from vgpumon.base.pacing import sleep_unless
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
@@ -50,7 +51,6 @@ from vgpumon.sources.vllm.state import (
     Lifecycle,
     Observation,
 )
-from vgpumon.base.workers import Latch, name_os_thread
 
 log = logging.getLogger(__name__)
 #: ``vllm_samples`` fields whose values come from outside (a server's answers, psutil) and are
