@@ -10,6 +10,11 @@ OUT=${OUT:-/tmp/vgpumon-footprint}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 env -u PYTHONDONTWRITEBYTECODE $PY -m compileall -q vgpumon bench > /dev/null
+# ... and every module the agent imports from site-packages (the GPU host ships its packages, and
+# pip --no-compile leaves carried wheels, without .pyc): a 15-s live run names them all.
+rm -rf /tmp/vgpumon-compile.db* /tmp/vgpumon-compile-spool
+$PY bench/compile_imported.py -- $PY -m vgpumon agent --duration 15s --listen 127.0.0.1:19409 \
+    --db sqlite:////tmp/vgpumon-compile.db --spool /tmp/vgpumon-compile-spool | tee "$OUT/compiled.txt"
 nvidia-smi --query-gpu=name,driver_version,count --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc | sed 's/^/cores: /' | tee -a "$OUT/gpu.txt"
 $PY -c "import pynvml, sqlalchemy, aiohttp, sys; print('python', sys.version.split()[0], 'sqlalchemy', sqlalchemy.__version__, 'aiohttp', aiohttp.__version__)" | tee -a "$OUT/gpu.txt"
