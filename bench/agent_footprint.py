@@ -8,7 +8,7 @@ Started together and watched for the same wall-clock window:
 * ``--bare``: a bare 1 Hz nvidia-ml-py loop making the fast set's calls for every GPU (the CPU
   floor of sampling at all);
 * ``--floor``: the import-and-init floor — an interpreter that imports what the agent's own
-  process (``vgpumon.agent_main``) imports with every default feature on, calls ``nvmlInit``
+  process (``vgpumon.agent.process``) imports with every default feature on, calls ``nvmlInit``
   and sleeps; and
   ``--floor`` also starts a bare interpreter that only calls ``nvmlInit``.
 
@@ -76,12 +76,12 @@ while True:
     time.sleep(max(0.0, start + k - time.monotonic()))
 """
 
-# what the agent's own process (vgpumon.agent_main, after the CLI's exec) imports with every
+# what the agent's own process (vgpumon.agent.process, after the CLI's exec) imports with every
 # default feature on: sampling, store, /metrics and the API, rules and their sinks, vLLM discovery
 FLOOR = """
 import time, pynvml
-import vgpumon.agent_main, vgpumon.agent, vgpumon.store, vgpumon.store.retention, vgpumon.sources.nvml
-import vgpumon.sources.host, vgpumon.exporter.server, vgpumon.exporter.api, vgpumon.rules.runner, vgpumon.rules.engine
+import vgpumon.agent.process, vgpumon.agent, vgpumon.store, vgpumon.store.retention, vgpumon.sources.nvml
+import vgpumon.sources.host, vgpumon.exporter.server, vgpumon.exporter.api, vgpumon.alerts.runner, vgpumon.rules.engine
 import vgpumon.alerts.sinks, vgpumon.sources.vllm
 pynvml.nvmlInit()
 print("ready", flush=True)

@@ -102,10 +102,10 @@ def main() -> None:
         fake_nvml.install(args.fake_gpus)
     threading.Thread(target=report, args=(args.at, args.tracemalloc), daemon=True).start()
     sys.argv = ["vgpumon", *[a for a in args.argv if a != "--"]]
-    # measured in this process, so not exec'd into the lean agent (vgpumon.agent_main): this
+    # measured in this process, so not exec'd into the lean agent (vgpumon.agent.process): this
     # probe shows the CLI-process agent; bench/agent_footprint.py measures the real one.
     os.environ["VGPUMON_AGENT_EXEC"] = "0"
-    from vgpumon.launch import main as vgpumon_main
+    from vgpumon.__main__ import main as vgpumon_main
 
     vgpumon_main()
 

@@ -27,7 +27,7 @@ if __name__ == "__main__":
 
     # the fake lives in this process: the agent must not exec into its lean one (agent_main)
     os.environ["VGPUMON_AGENT_EXEC"] = "0"
-    from vgpumon.launch import main
+    from vgpumon.__main__ import main
 
     sys.argv[0] = "vgpumon"
 

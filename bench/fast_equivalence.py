@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vgpumon.sources.nvml_backend import LiveBackend, to_plain  # noqa: E402
+from vgpumon.sources.nvml_backend import LiveBackend  # noqa: E402
+from vgpumon.sources.nvml_plain import to_plain  # noqa: E402
 
 CALLS = [
     ("nvmlDeviceGetMemoryInfo", (), {"version": None}),

@@ -28,7 +28,7 @@ STEPS = [
     ("aiohttp.web", "aiohttp.web"),
     ("vgpumon.exporter.server", "vgpumon.exporter.server"),
     ("vgpumon.sources.vllm", "vgpumon.sources.vllm"),
-    ("vgpumon.rules.runner", "vgpumon.rules.runner"),
+    ("vgpumon.alerts.runner", "vgpumon.alerts.runner"),
     ("alembic (migration only)", "alembic.command"),
 ]
 

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from vgpumon.rules.runner import RuleRunner
+    from vgpumon.alerts.runner import RuleRunner
     from vgpumon.store import Store
 
     store = Store(args.db)

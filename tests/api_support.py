@@ -12,11 +12,11 @@ import urllib.request
 from typing import Any
 
 from vgpumon.agent import Agent
+from vgpumon.alerts.runner import RuleRunner
 from vgpumon.exporter import ExporterConfig
 from vgpumon.exporter.api import ApiConfig
 from vgpumon.exporter.server import serving
 from vgpumon.rules.engine import Engine
-from vgpumon.rules.runner import RuleRunner
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.store import open_store
 from vgpumon.testing.vllm import free_port

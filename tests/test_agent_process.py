@@ -1,5 +1,5 @@
 """``vgpumon agent`` as a process: it checks its settings, then replaces itself with the lean
-agent (``vgpumon.agent_main``) that does not keep the command line's libraries resident. What an
+agent (``vgpumon.agent.process``) that does not keep the command line's libraries resident. What an
 operator sees must not change: the same PID, the name ``vgpumon``, no secret on the command line,
 a clean stop on SIGTERM, the same errors and exit codes."""
 
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 from conftest import H200_CAPTURE
 
-from vgpumon import agent_main
+from vgpumon.agent import process as agent_main
 from vgpumon.base.errors import ExitCode
 
 #: the console script, as a user types it (the exec must not depend on how the CLI was started)
@@ -127,7 +127,7 @@ def _run_main_with_plan(plan: object) -> subprocess.CompletedProcess[str]:
     os.write(fd, json.dumps(plan).encode())
     os.lseek(fd, 0, os.SEEK_SET)
     try:
-        return subprocess.run([sys.executable, "-m", "vgpumon.agent_main", "--plan-fd", str(fd)], pass_fds=(fd,),
+        return subprocess.run([sys.executable, "-m", "vgpumon.agent.process", "--plan-fd", str(fd)], pass_fds=(fd,),
                               capture_output=True, text=True, timeout=60)
     finally:
         os.close(fd)
@@ -140,7 +140,7 @@ def test_a_plan_from_another_version_is_refused_in_one_line():
 
 
 def test_started_by_hand_it_says_what_to_run():
-    out = subprocess.run([sys.executable, "-m", "vgpumon.agent_main"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "vgpumon.agent.process"], capture_output=True, text=True, timeout=60)
     assert out.returncode == ExitCode.USAGE
     assert "vgpumon agent" in out.stderr
 
@@ -168,14 +168,14 @@ def test_a_stop_that_landed_in_generated_code_during_start_up_still_exits_0(tmp_
     certain here: the interrupt escapes generated code, is caught, and the run exits as a stop."""
     (tmp_path / "stopped_in_generated_code.py").write_text(
         "import sys\n"
-        "from vgpumon.launch import exit_interrupted\n"
+        "from vgpumon.base.signals import exit_interrupted\n"
         "try:\n"
         "    exec('raise KeyboardInterrupt')\n"  # as inside a dataclass's generated __init__
         "except KeyboardInterrupt:\n"
         "    pass\n"
         "exit_interrupted(sys.argv[1:])\n"
     )
-    env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(agent_main.__file__).parents[1])]))
+    env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(agent_main.__file__).parents[2])]))
     for argv, wanted in ((["agent"], 0), (["diagnose"], 130)):
         out = subprocess.run([sys.executable, "-m", "stopped_in_generated_code", *argv], capture_output=True, text=True,
                              env=env, timeout=60, cwd=tmp_path)
@@ -211,7 +211,7 @@ def test_the_flush_interval_sets_how_often_ticks_reach_the_store(tmp_path, flush
 def test_an_agent_started_from_python_c_with_interpreter_options_still_runs(tmp_path):
     """``python -X dev -c '…main()' agent …``: the exec keeps ``-X dev`` and drops ``-c``."""
     out = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", "from vgpumon.launch import main; main()", "agent", "--replay", str(H200_CAPTURE),
+        [sys.executable, "-X", "dev", "-c", "from vgpumon.__main__ import main; main()", "agent", "--replay", str(H200_CAPTURE),
          "--duration", "3s", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
         capture_output=True, text=True, env=_env(), timeout=60,
     )
@@ -225,7 +225,9 @@ def test_the_agent_never_runs_code_from_its_working_directory(tmp_path):
     evil = tmp_path / "cwd" / "vgpumon"
     evil.mkdir(parents=True)
     (evil / "__init__.py").write_text("")
-    (evil / "agent_main.py").write_text("import sys\nprint('EVIL agent_main', file=sys.stderr)\nsys.exit(99)\n")
+    (evil / "agent").mkdir()
+    (evil / "agent" / "__init__.py").write_text("")
+    (evil / "agent" / "process.py").write_text("import sys\nprint('EVIL agent process', file=sys.stderr)\nsys.exit(99)\n")
     out = subprocess.run(
         [SCRIPT or sys.executable, *([] if SCRIPT else ["-m", "vgpumon"]), "agent", "--replay", str(H200_CAPTURE),
          "--duration", "3s", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--listen", "off", "--spool", str(tmp_path / "spool")],
@@ -262,8 +264,8 @@ def test_a_stop_whose_interrupt_was_swallowed_during_start_up_still_stops_the_ag
     import asyncio
     import weakref
 
-    from vgpumon import launch
     from vgpumon.agent import Agent
+    from vgpumon.base import signals as launch
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.nvml_backend import ReplayBackend
 

@@ -16,10 +16,11 @@ from aiohttp import web
 from rules_support import PCIE_GPM, copy_phase, firing, stored_alerts
 
 from vgpumon.agent import Agent
+from vgpumon.alerts.runner import RuleRunner
 from vgpumon.alerts.sinks import AlertmanagerSink, Dispatcher, Sink, WebhookSink
 from vgpumon.model import Alert
+from vgpumon.rules.catalogue import rule_names
 from vgpumon.rules.engine import Engine
-from vgpumon.rules.runner import RuleRunner
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.store import open_store
@@ -201,14 +202,14 @@ def test_a_real_alertmanager_receives_firing_then_resolved(tmp_path):
 
 def test_thresholds_load_from_a_rules_section_and_refuse_unknown_keys():
     th = Thresholds.from_mapping({"pcie_saturation_ratio": 0.9, "stuck_window_seconds": "10m", "for": {"GpuMemoryLeak": "2h"},
-                                  "disabled": ["GpuMemoryNearlyFull"]})
+                                  "disabled": ["GpuMemoryNearlyFull"]}, rule_names)
     assert th.pcie_saturation_ratio == 0.9 and th.stuck_window_seconds == 600.0
     engine = Engine(th)
     assert engine.by_name["GpuMemoryLeak"].for_(th) == 7200.0 and "GpuMemoryNearlyFull" not in engine.by_name
     for bad, message in (({"pcie_saturation": 0.9}, "unknown threshold"), ({"for": {"GpuLeak": "1h"}}, "unknown rule GpuLeak"),
                          ({"stuck_window_seconds": "soon"}, "not a duration"), ({"memory_full_ratio": "high"}, "not a number")):
         with pytest.raises(ValueError, match=message):
-            Thresholds.from_mapping(bad)
+            Thresholds.from_mapping(bad, rule_names)
 
 
 def test_thresholds_refuse_values_outside_their_kind_and_a_clearing_ratio_follows_a_lowered_one():
@@ -229,7 +230,7 @@ def test_thresholds_refuse_values_outside_their_kind_and_a_clearing_ratio_follow
                          ({"disabled": "GpuLost"}, "disabled: not a list of rule names"),
                          ({"pcie_saturation_ratio": 0.7, "pcie_clear_ratio": 0.75}, "pcie_clear_ratio: 0.75 is above")):
         with pytest.raises(ValueError, match=message):
-            Thresholds.from_mapping(bad)
+            Thresholds.from_mapping(bad, rule_names)
     lowered = Thresholds.from_mapping({"pcie_saturation_ratio": 0.6})
     assert lowered.pcie_clear_ratio == pytest.approx(0.6 * 0.75 / 0.8)
     assert Thresholds.from_mapping({"pcie_saturation_ratio": 0.95}).pcie_clear_ratio == 0.75

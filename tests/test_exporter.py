@@ -18,9 +18,9 @@ from exporter_support import Scrape, fed, scrape, snapshots
 from prometheus_client import CollectorRegistry, generate_latest
 from test_kubernetes import sock_dir  # noqa: F401 - the fixture
 
+from vgpumon.alerts.feed import AlertSample
 from vgpumon.exporter import ExporterConfig
 from vgpumon.exporter.collector import MetricsExporter
-from vgpumon.exporter.feed import AlertSample
 from vgpumon.exporter.server import MetricsServer
 from vgpumon.model import HostSample, PodContainer, ProcessInfo
 from vgpumon.model.kubernetes import DeviceAllocations
@@ -152,7 +152,7 @@ def test_kubernetes_owner_labels_on_its_gpu_and_process_and_holders_of_a_shared_
 
 
 class _Rules:
-    """The rules engine as the exporter sees it (the interface of vgpumon.exporter.feed)."""
+    """The rules engine as the exporter sees it (the interface of vgpumon.alerts.feed)."""
 
     def alerts(self):
         return [
@@ -285,8 +285,8 @@ def test_the_agents_rule_engine_feeds_vgpumon_alerts(tmp_path):
     engine holds firing (XID 79, uncorrectable ECC) is served as vgpumon_alerts, labelled by
     the GPU it is about, and a leak slope only where the leak rule has one (none in minutes)."""
     from vgpumon.agent import Agent
+    from vgpumon.alerts.runner import RuleRunner
     from vgpumon.alerts.sinks import LogSink
-    from vgpumon.rules.runner import RuleRunner
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.store import open_store
     cap = incident.write(DATA, tmp_path / "incident.jsonl.gz", tick_seconds=1.0)

@@ -20,6 +20,16 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 GENERATED = ("vgpumon/sources/podresources/", "vgpumon/store/migrations/versions/")
 
 
+#: Imports against the table that docs/architecture.md names as open exceptions, each with its
+#: reason: (importing module, imported module). Keep it short; a new entry needs its paragraph there.
+EXCEPTIONS = {
+    # the settings check validates [rules.thresholds] with the rules' own parser, lazily (only
+    # when a settings file has the table); the thresholds' definitions are to move below config
+    ("vgpumon.config", "vgpumon.rules.thresholds"),
+    ("vgpumon.config", "vgpumon.rules.catalogue"),
+}
+
+
 def layer_table(text: str) -> dict[str, int]:
     """``{package: rank}`` from the table under "Packages and the direction of imports"."""
     section = text.split("## Packages and the direction of imports", 1)[1].split("\n## ", 1)[0]
@@ -95,7 +105,7 @@ def violations(root: Path, ranks: dict[str, int]) -> list[str]:
             continue
         for target, line in imports(path, name, known):
             other = package_of(target, ranks)
-            if not other or other == own:
+            if not other or other == own or (name, target) in EXCEPTIONS:
                 continue
             where = f"{path.relative_to(ROOT)}:{line}: {name} imports {target}"
             if ranks[other] > ranks[own]:
@@ -107,7 +117,8 @@ def violations(root: Path, ranks: dict[str, int]) -> list[str]:
                     for t, line in imports(path, name, known) if t.startswith("vgpumon.sources")]
         if own == "vgpumon.config":
             bad += [f"{path.relative_to(ROOT)}:{line}: config imports {t}: nothing above rank 2"
-                    for t, line in imports(path, name, known) if ranks.get(package_of(t, ranks), 0) > 2]
+                    for t, line in imports(path, name, known)
+                    if ranks.get(package_of(t, ranks), 0) > 2 and (name, t) not in EXCEPTIONS]
     return sorted(set(bad))
 
 
@@ -159,7 +170,7 @@ RANKS = layer_table(ARCHITECTURE.read_text())
 
 def test_the_layer_table_names_every_package_once() -> None:
     assert RANKS["vgpumon.base"] == 0
-    assert RANKS["vgpumon.cli"] == max(RANKS.values())
+    assert RANKS["vgpumon.__main__"] == max(RANKS.values())
     top = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     top.discard("__init__")
     missing = sorted(f"vgpumon.{t}" for t in top if f"vgpumon.{t}" not in RANKS)

@@ -14,8 +14,8 @@ from postgres_support import private_postgres, run_beside  # noqa: F401 - the fi
 from sqlalchemy import text
 
 from vgpumon.agent import Agent
+from vgpumon.alerts.runner import RuleRunner
 from vgpumon.exporter.collector import MetricsExporter
-from vgpumon.rules.runner import RuleRunner
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.sources.nvml_backend import read_capture
 from vgpumon.store import open_store

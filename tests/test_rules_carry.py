@@ -157,7 +157,7 @@ def test_rules_catching_up_after_an_outage_see_the_counts_folded_into_rollups(tm
     rollups; when it is back the runner walks through those minutes every 15 s of data time. The
     ECC count they hold (2) must be what the rules see there, not the count from before the outage
     (0) carried on: the alert would start minutes late."""
-    from vgpumon.rules.runner import RuleRunner
+    from vgpumon.alerts.runner import RuleRunner
     from vgpumon.store.schema import GpuSampleRow, gpu_samples_1m
 
     store, (g0,) = _bare_store(tmp_path, 1)

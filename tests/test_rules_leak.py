@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from vgpumon.alerts import AlertBook
 from vgpumon.model import GpuIdentity
 from vgpumon.rules.catalogue import BY_NAME
 from vgpumon.rules.engine import Engine
+from vgpumon.rules.lifecycle import AlertBook
 from vgpumon.rules.view import HostView
 from vgpumon.store import open_store
 from vgpumon.testing.memory import HOUR, MemoryStory, rollup_rows

@@ -1,6 +1,28 @@
-"""``python -m vgpumon`` runs the same CLI as the ``vgpumon`` console script."""
+"""The ``vgpumon`` console script and ``python -m vgpumon``: signals first, then the CLI
+(``vgpumon.base.signals`` says why the order matters)."""
 
-from vgpumon.launch import main
+from __future__ import annotations
+
+import sys
+
+from vgpumon.base import signals
+
+
+def main() -> None:
+    """Console-script entry point: the stop signals' handlers, then the CLI."""
+    signals.exec_allowed = True
+    argv = sys.argv[1:]
+    signals.install_signal_handlers(argv)
+    try:
+        from vgpumon.cli import main as cli_main
+    except Exception as exc:
+        if not signals.caused_by_interrupt(exc):
+            raise
+        signals.exit_interrupted(argv)
+    except KeyboardInterrupt:
+        signals.exit_interrupted(argv)
+    cli_main(argv)
+
 
 if __name__ == "__main__":
     main()

@@ -105,7 +105,7 @@ def _root(
 
 
 def _setup_logging(level: str) -> None:
-    from vgpumon.agent_main import setup_logging
+    from vgpumon.agent.process import setup_logging
 
     setup_logging(level)
 
@@ -180,7 +180,7 @@ def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
 
 
 async def _run_until_signal(agent: "object") -> "object":
-    from vgpumon.agent_main import run_until_signal
+    from vgpumon.agent.process import run_until_signal
 
     return await run_until_signal(agent)
 
@@ -317,13 +317,14 @@ def agent(
             ("rules", "alertmanagers"): ("--alertmanager", alertmanager or None),
         },
     )
-    from vgpumon import agent_main, launch
+    from vgpumon.agent import process as agent_main
+    from vgpumon.base import signals
 
     plan = agent_main.make_plan(
         settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded,
         duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
     )
-    if launch.exec_allowed and agent_main.can_exec():
+    if signals.exec_allowed and agent_main.can_exec():
         # the CLI's libraries stay behind: the agent runs in a lean process (agent_main)
         try:
             agent_main.exec_agent(plan, sys.argv[1:])
@@ -732,6 +733,7 @@ def _report_from_store(settings: "Settings", host: str, since: Optional[str], *,
     ``note`` (why the agent did not answer) goes into the report; ``quiet``: a store that cannot
     answer either makes the report's one line say both, and nothing goes to stderr."""
     from vgpumon.diagnose import build_report, parse_since, resolve_host, unknown_report
+    from vgpumon.rules.catalogue import rule_names
     from vgpumon.rules.thresholds import Thresholds
     from vgpumon.store import Store
     from vgpumon.store.engine import describe_store, normalise_url
@@ -740,7 +742,7 @@ def _report_from_store(settings: "Settings", host: str, since: Optional[str], *,
     url = settings.store.url
     assert url is not None
     local = settings.agent.hostname
-    thresholds = Thresholds.from_mapping(settings.rules.thresholds)
+    thresholds = Thresholds.from_mapping(settings.rules.thresholds, rule_names)
     lookback, moment = parse_since(since) if since else (None, None)
     where = describe_store(normalise_url(url))
 
@@ -802,6 +804,7 @@ def capacity(
     from vgpumon.capacity import review
     from vgpumon.capacity.render import print_review
     from vgpumon.diagnose.render import console
+    from vgpumon.rules.catalogue import rule_names
     from vgpumon.rules.thresholds import Thresholds
 
     if html is not None:
@@ -811,7 +814,7 @@ def capacity(
             from vgpumon.capacity.html import PlotlyMissingError
 
             raise PlotlyMissingError("--html needs plotly: pip install 'vgpumon[html]' (the terminal and --json reviews need nothing more)") from None
-    ratio = Thresholds.from_mapping(settings.rules.thresholds).pcie_saturation_ratio
+    ratio = Thresholds.from_mapping(settings.rules.thresholds, rule_names).pcie_saturation_ratio
     store = _open_for_db(settings, read_only=True)
     try:
         wanted = list(hosts or [])
@@ -899,7 +902,7 @@ def _toml(doc: dict[str, Any], config_file: Path | None, descriptions: dict[str,
 
 
 def _one_line(text: str) -> str:
-    from vgpumon.agent_main import one_line
+    from vgpumon.agent.process import one_line
 
     return one_line(text)
 
@@ -950,8 +953,8 @@ def _reader_gone(stdout_was: tuple[int, int] | None) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Runs the app on ``argv`` (default: ``sys.argv[1:]``) and maps every outcome to the
     exit-code table, printing one line on stderr for each failure. Ctrl-C exits 130, or 0 in the
-    commands that stop cleanly on it (``vgpumon.launch``)."""
-    from vgpumon.launch import ROOT_OPTIONS, caused_by_interrupt, exit_interrupted, install_signal_handlers
+    commands that stop cleanly on it (``vgpumon.base.signals``)."""
+    from vgpumon.base.signals import ROOT_OPTIONS, caused_by_interrupt, exit_interrupted, install_signal_handlers
 
     argv = sys.argv[1:] if argv is None else list(argv)
     install_signal_handlers(argv)
@@ -1006,7 +1009,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # Ctrl-C inside an import's class creation (Python 3.11)
             exit_interrupted(argv)
-        from vgpumon.agent_main import exit_internal_error
+        from vgpumon.agent.process import exit_internal_error
 
         exit_internal_error()
     sys.exit(int(rv) if isinstance(rv, int) else 0)

@@ -269,7 +269,7 @@ class DiagnoseSettings(_Section):
 
 
 def _check_listen(v: str) -> str:
-    from vgpumon.exporter.config import ListenError, parse_listen
+    from vgpumon.base.listen import ListenError, parse_listen
 
     try:
         parse_listen(v)
@@ -324,8 +324,16 @@ class ApiSettings(_Section):
 def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
     from vgpumon.rules.thresholds import Thresholds
 
-    Thresholds.from_mapping(v)  # unknown keys, wrong types and values, unknown rule names refused here
+    Thresholds.from_mapping(v, _rule_names)  # unknown keys, wrong types and values, unknown rule names refused here
     return v
+
+
+def _rule_names() -> frozenset[str]:
+    """The rule names, imported only when ``for`` or ``disabled`` names one: the catalogue
+    imports every rule and, through their views, the store (every command checks its settings)."""
+    from vgpumon.rules.catalogue import rule_names
+
+    return rule_names()
 
 
 def _alert_urls(v: list[str]) -> list[str]:

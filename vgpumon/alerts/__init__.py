@@ -1,6 +1,3 @@
-"""Alerts: the lifecycle of a rule's findings (pending → firing → resolved, with hysteresis and
-deduplication) and the sinks that are told (log line, JSON webhook, Alertmanager API v2)."""
-
-from vgpumon.alerts.lifecycle import AlertBook, Changes
-
-__all__ = ["AlertBook", "Changes"]
+"""Alerts in the agent: the runner that evaluates the rule catalogue on its own thread, stores each
+alert's lifecycle (``vgpumon.rules.lifecycle``: pending → firing → resolved) and tells the sinks
+(log line, JSON webhook, Alertmanager API v2); ``feed`` is what ``/metrics`` shows of it."""

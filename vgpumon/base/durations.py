@@ -1,6 +1,6 @@
 """Durations as people type them (``90s``, ``15m``, ``2h``, ``3d``) and back.
 
-Kept apart from ``vgpumon.config`` so that the agent's own process (``vgpumon.agent_main``), which
+Kept apart from ``vgpumon.config`` so that the agent's own process (``vgpumon.agent.process``), which
 never loads pydantic, can read and print durations too.
 """
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
-from vgpumon.diagnose.findings import iso
 from vgpumon.store import Store
 from vgpumon.store.repository import decode_rollup
 from vgpumon.store.rollup import percentile

@@ -20,12 +20,11 @@ that found it — "at least since", ``since_exact`` false.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
+from vgpumon.base.fmt import clock, duration, iso  # noqa: F401  re-used by the renderer
 from vgpumon.catalogue.xid import describe as describe_xid
-from vgpumon.rules.core import duration
 
 #: Severities from the worst; ``unknown`` ranks under ``warning``: a known problem is reported even
 #: when part of the data cannot be read (docs/diagnose.md, "Freshness").
@@ -37,18 +36,8 @@ XID_RULES = ("GpuXidCritical", "GpuXidWarning", "GpuXidOther")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")
 
 
-def iso(ts: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 UTC (``2026-11-30T01:39:13+00:00``); ``None`` stays ``None``."""
-    if ts is None:
-        return None
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def clock(ts: float | None) -> str:
-    """Epoch seconds as ``HH:MM:SS`` UTC, for times inside one report."""
-    if ts is None:
-        return "?"
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%H:%M:%S")
 
 
 def first_sentence(text: str) -> str:

@@ -3,14 +3,14 @@ scrape time), ``/healthz``, the metric selection file, and the hook the rules en
 
 Modules: ``collector`` (``MetricsExporter``: what a scrape serves), ``text`` (label sets and the
 text format), ``server`` (aiohttp: ``MetricsServer``, and ``serving``, which ``vgpumon agent``
-wraps around ``Agent.run``), ``selection`` (the metric selection file), ``feed`` (``RulesFeed``,
-what the rules engine hands over), ``config`` (``ExporterConfig``). This package's top level
-imports only the settings, so the command line can read its defaults cheaply. Label policy,
+wraps around ``Agent.run``), ``selection`` (the metric selection file), ``vgpumon.alerts.feed`` (``RulesFeed``,
+what the rules engine hands over), ``view`` (what it reads of the agent). ``ExporterConfig`` and the
+listen address are ``vgpumon.base.listen``; this package's top level imports only those, so the command line can read its defaults cheaply. Label policy,
 default port and the rules hook: docs/exporter.md.
 """
 
 from __future__ import annotations
 
-from vgpumon.exporter.config import DEFAULT_LISTEN, DEFAULT_PORT, ExporterConfig, ListenError, parse_listen
+from vgpumon.base.listen import DEFAULT_LISTEN, DEFAULT_PORT, ExporterConfig, ListenError, parse_listen
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_PORT", "ExporterConfig", "ListenError", "parse_listen"]

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from vgpumon.agent import Agent
     from vgpumon.exporter.collector import MetricsExporter
+    from vgpumon.exporter.view import AgentView
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class AgentApi:
         clock: wall clock for the report's "now" (``time.time``).
     """
 
-    def __init__(self, agent: "Agent", exporter: "MetricsExporter", config: ApiConfig, *, bound_host: str,
+    def __init__(self, agent: "AgentView", exporter: "MetricsExporter", config: ApiConfig, *, bound_host: str,
                  clock: Callable[[], float] = time.time) -> None:
         self.agent = agent
         self.exporter = exporter

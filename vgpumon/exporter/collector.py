@@ -34,17 +34,16 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from vgpumon import __version__, catalogue
+from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
+from vgpumon.base.listen import ExporterConfig
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS, XID_NAMES
-from vgpumon.exporter.config import ExporterConfig
-from vgpumon.exporter.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
 from vgpumon.exporter.text import Family, Labels, metrics, render
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, ServerSample, ServerState, Snapshot, SourceStatus
 
 if TYPE_CHECKING:
-    from vgpumon.agent import Agent, AgentStats
+    from vgpumon.exporter.view import AgentView, VllmView
     from vgpumon.model import PcieTopology
-    from vgpumon.sources.vllm import VllmSource
     from vgpumon.store.spool import Backlog
 
 _F = catalogue.get
@@ -191,10 +190,10 @@ class MetricsExporter(Collector):
         interval: float = 1.0,
         config: ExporterConfig | None = None,
         selection: frozenset[str] | None = None,
-        vllm: "VllmSource | None" = None,
+        vllm: "VllmView | None" = None,
         host_source: Any = None,
         rules: RulesFeed | None = None,
-        stats: "AgentStats | None" = None,
+        stats: Any = None,
         backlog: "Backlog | None" = None,
         topology: Callable[[], "PcieTopology | None"] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -221,7 +220,7 @@ class MetricsExporter(Collector):
     @classmethod
     def for_agent(
         cls,
-        agent: "Agent",
+        agent: "AgentView",
         config: ExporterConfig | None = None,
         *,
         selection: frozenset[str] | None = None,

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from aiohttp import web
 
+from vgpumon.alerts.feed import RulesFeed
+from vgpumon.base.listen import ExporterConfig
 from vgpumon.exporter.collector import MetricsExporter
-from vgpumon.exporter.config import ExporterConfig
-from vgpumon.exporter.feed import RulesFeed
 from vgpumon.exporter.selection import read_selection
 from vgpumon.exporter.text import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from vgpumon.agent import Agent
     from vgpumon.exporter.api import ApiConfig
+    from vgpumon.exporter.view import AgentView
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class MetricsServer:
 
 @contextlib.asynccontextmanager
 async def serving(
-    agent: "Agent", config: ExporterConfig, *, rules: RulesFeed | None = None, api: "ApiConfig | None" = None
+    agent: "AgentView", config: ExporterConfig, *, rules: RulesFeed | None = None, api: "ApiConfig | None" = None
 ) -> AsyncIterator[MetricsServer | None]:
     """Serve ``/metrics`` for ``agent`` while the block runs (``vgpumon agent`` wraps
     ``agent.run`` in it); yields the server, or ``None`` when serving is off or failed.

@@ -22,3 +22,9 @@ assert len(BY_NAME) == len(RULES), "a rule name is in the catalogue twice"
 def get(name: str) -> Rule:
     """The rule of that name. Raises ``KeyError``."""
     return BY_NAME[name]
+
+
+def rule_names() -> frozenset[str]:
+    """The names ``[rules.thresholds]``'s ``for`` and ``disabled`` may use
+    (``Thresholds.from_mapping(values, rule_names)``)."""
+    return frozenset(r.name for r in RULES)

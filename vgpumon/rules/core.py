@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from vgpumon import catalogue
+from vgpumon.base.fmt import duration, gb, pct  # noqa: F401  the rules' texts use them through this module
 
 if TYPE_CHECKING:
     from vgpumon.rules.thresholds import Thresholds
@@ -156,27 +157,10 @@ def fmt(table: str | None, name: str, value: Any) -> str:
     return catalogue.fmt((table, name), value)
 
 
-def gb(value: float | None) -> str:
-    """Bytes in GB (SI, as the leak's slope is quoted: 0.3 GB/day)."""
-    return "N/A" if value is None else f"{value / 1e9:.2f} GB"
 
 
-def pct(value: float | None) -> str:
-    """A ratio as a percentage."""
-    return "N/A" if value is None else f"{value * 100:.0f} %"
 
 
-def duration(seconds: float | None) -> str:
-    """A duration the way people say it: ``45 s``, ``12 min``, ``6.0 h``, ``270 days``."""
-    if seconds is None:
-        return "N/A"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.0f} days"
 
 
 def prom(table: str | None, name: str, **match: str) -> str:

@@ -1,6 +1,6 @@
 """The rule engine: evaluates the rule catalogue over a host's stored data at a given time.
 
-The agent calls ``Engine.evaluate`` on a schedule (``vgpumon.rules.runner``) and keeps the alerts'
+The agent calls ``Engine.evaluate`` on a schedule (``vgpumon.alerts.runner``) and keeps the alerts'
 lifecycle (``vgpumon.alerts.AlertBook``); ``diagnose`` calls ``Engine.evaluate_window``, which
 evaluates the same rules at the end of its window — and, for rules with a ``for``, at five earlier
 times across it — through the same lifecycle, so a report says pending or firing as the agent
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Sequence
 
-from vgpumon.alerts.lifecycle import AlertBook
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Finding, Rule
+from vgpumon.rules.lifecycle import AlertBook
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView, Prefetch
 from vgpumon.store import Store

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -262,22 +262,22 @@ class Thresholds:
 
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "Thresholds":
+    def from_mapping(cls, values: Mapping[str, Any],
+                     rule_names: Callable[[], Collection[str]] | None = None) -> "Thresholds":
         """Thresholds from a plain mapping (a parsed ``[rules.thresholds]`` table): unnamed keys keep their
         defaults; durations (``*_seconds``) may be strings like ``"5m"``; ``for`` (or
-        ``for_seconds``) maps rule names to durations; ``disabled`` lists rule names.
+        ``for_seconds``) maps rule names to durations; ``disabled`` lists rule names, checked
+        against ``rule_names()`` (``vgpumon.rules.catalogue.rule_names``: called only when they
+        are used, since the catalogue imports every rule and, through their views, the store;
+        without it every name is unknown).
 
         Raises:
             ValueError: an unknown key, a value of the wrong type, or an unknown rule name.
         """
         known = {f.name: f for f in dataclasses.fields(cls)}
         names: set[str] = set()
-        if any(k in ("for", "for_seconds", "disabled") for k in values):
-            # the rule names ``for``/``disabled`` may use; loaded only then: the catalogue imports
-            # every rule and, through their views, the store (every command checks its settings)
-            from vgpumon.rules.catalogue import RULES
-
-            names = {r.name for r in RULES}
+        if rule_names is not None and any(k in ("for", "for_seconds", "disabled") for k in values):
+            names = set(rule_names())
         kw: dict[str, Any] = {}
         for key, value in values.items():
             key = "for_seconds" if key == "for" else key

@@ -60,7 +60,7 @@ from vgpumon.sources.nvml_backend import (
     NvmlCallError,
 )
 from vgpumon.sources.nvml_fast import _INSUFFICIENT_SIZE, _NOT_AVAILABLE_U64
-from vgpumon.sources.nvml_fast import _VALUE_MEMBERS as _FV_MEMBERS
+from vgpumon.sources.nvml_plain import _VALUE_MEMBERS as _FV_MEMBERS
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,11 @@ import ctypes
 import struct
 from typing import Any, Callable, Sequence
 
+from vgpumon.sources.nvml_plain import _VALUE_MEMBERS, to_plain
+
 #: nvml.h ``NVML_ERROR_INSUFFICIENT_SIZE``: the process list needs a larger array.
 _INSUFFICIENT_SIZE = 7
 _NOT_AVAILABLE_U64 = 0xFFFF_FFFF_FFFF_FFFF
-_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def _plain_copy(name: str, struct: Any, base: type = ctypes.Structure) -> type:
@@ -188,8 +189,6 @@ class FastCalls:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if not kwargs.get("version"):  # v1: rare (drivers without v2), through nvidia-ml-py
-                from vgpumon.sources.nvml_backend import to_plain
-
                 return to_plain(generic(handle, *args, **kwargs))
             ret = cfn(handle, ref)
             if ret:

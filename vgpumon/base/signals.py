@@ -1,11 +1,13 @@
-"""The ``vgpumon`` console script and ``python -m vgpumon``: signals first, then the CLI.
+"""Stop signals from the first moment: the console script (``vgpumon.__main__``) installs these
+handlers before it imports the CLI, and the agent's lean process keeps them until its event loop
+takes the signals over.
 
 Importing the CLI (typer, pydantic, and for the agent SQLAlchemy, aiohttp, pynvml) takes a few
 hundred milliseconds; a Ctrl-C in that time used to print a ``KeyboardInterrupt`` traceback, and
-a SIGTERM killed the agent with 143. This module imports nothing heavy: it decides from the
+a SIGTERM killed the agent with 143. This module imports nothing of vgpumon and nothing heavy: it decides from the
 command line whether Ctrl-C means "stop cleanly" (``agent`` and ``record``: exit 0, as the README
 documents) or "interrupted" (every other command: 130), routes SIGTERM of the agent to the same
-path, and only then imports ``vgpumon.cli``.
+path; ``vgpumon.__main__`` only then imports ``vgpumon.cli``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import NoReturn
 
 #: Commands that stop cleanly on SIGINT/SIGTERM (exit 0): they sample until told to stop.
 STOP_CLEANLY = frozenset({"agent", "record"})
-#: True when this process is the console script's (``main`` below), not a library call: only
-#: then may ``vgpumon agent`` replace the process with its lean one (``vgpumon.agent_main``).
+#: True when this process is the console script's (``vgpumon.__main__.main``), not a library call:
+#: only then may ``vgpumon agent`` replace the process with its lean one (``vgpumon.agent.process``).
 exec_allowed = False
 #: Root options that take a value (so that the value is not read as the command name).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--config", "--log-level"})
@@ -132,20 +134,3 @@ def install_signal_handlers(argv: list[str]) -> None:
         # this for its whole life: ``agent_main.ignore_alarms``)
         signal.signal(signal.SIGALRM, no_alarm)
         sys.unraisablehook = quiet_lost_interrupts
-
-
-def main() -> None:
-    """Console-script entry point (see module docstring)."""
-    global exec_allowed
-    exec_allowed = True
-    argv = sys.argv[1:]
-    install_signal_handlers(argv)
-    try:
-        from vgpumon.cli import main as cli_main
-    except Exception as exc:
-        if not caused_by_interrupt(exc):
-            raise
-        exit_interrupted(argv)
-    except KeyboardInterrupt:
-        exit_interrupted(argv)
-    cli_main(argv)

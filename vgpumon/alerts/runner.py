@@ -22,17 +22,17 @@ import time
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from vgpumon.alerts.lifecycle import AlertBook, Changes
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.base.workers import DaemonExecutor
 from vgpumon.rules.engine import Engine
+from vgpumon.rules.lifecycle import AlertBook, Changes
 from vgpumon.rules.view import CarriedValues, HostView
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
 
 if TYPE_CHECKING:
-    from vgpumon.exporter.feed import AlertSample
+    from vgpumon.alerts.feed import AlertSample
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class RuleRunner:
             self._skipped = 0
         self.dispatcher.submit(changes.notify)
 
-    # -- what /metrics serves of the engine (vgpumon.exporter.feed.RulesFeed) ----------------------
+    # -- what /metrics serves of the engine (vgpumon.alerts.feed.RulesFeed) ----------------------
 
     def alerts(self) -> list["AlertSample"]:
         """Alerts pending or firing as of the newest cycle, as ``vgpumon_alerts`` serves them: a
@@ -168,7 +168,7 @@ class RuleRunner:
         return self._published_alerts
 
     def _publish(self) -> None:
-        from vgpumon.exporter.feed import AlertSample
+        from vgpumon.alerts.feed import AlertSample
 
         open_ = [a for a in self.book.open() if a.state in ("pending", "firing")]
         # each a new list, assigned once: read by the event loop's thread

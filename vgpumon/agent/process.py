@@ -31,14 +31,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
-from vgpumon.launch import ask_stop, caused_by_interrupt, exit_interrupted, no_alarm, quiet_lost_interrupts, stop_asked
+from vgpumon.base.signals import (
+    ask_stop,
+    caused_by_interrupt,
+    exit_interrupted,
+    no_alarm,
+    quiet_lost_interrupts,
+    stop_asked,
+)
 
 if TYPE_CHECKING:
     from vgpumon.config import Settings
 
 log = logging.getLogger("vgpumon")
 
-#: Version of the plan's layout: a CLI and an ``agent_main`` of different installs (an upgrade
+#: Version of the plan's layout: a CLI and an agent process (``vgpumon.agent.process``) of different installs (an upgrade
 #: between the two steps) refuse each other's plan instead of misreading it.
 PLAN_VERSION = 1
 #: ``VGPUMON_AGENT_EXEC=0`` keeps the agent in the CLI's process (debugging, profilers).
@@ -180,14 +187,15 @@ def run(plan: dict[str, Any]) -> int:
     if r["enabled"]:
         import time
 
+        from vgpumon.alerts.runner import RuleRunner
         from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
+        from vgpumon.rules.catalogue import rule_names
         from vgpumon.rules.engine import Engine
-        from vgpumon.rules.runner import RuleRunner
         from vgpumon.rules.thresholds import Thresholds
 
         sinks = [LogSink(), *(WebhookSink(u) for u in r["webhooks"]), *(AlertmanagerSink(u) for u in r["alertmanagers"])]
         # a replay is judged in the capture's time, not against today's clock
-        rules = RuleRunner(Engine(Thresholds.from_mapping(r["thresholds"])), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
+        rules = RuleRunner(Engine(Thresholds.from_mapping(r["thresholds"], rule_names)), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
     sysfs = rp["sysfs"]
     runner = Agent(
         source,
@@ -280,12 +288,13 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
 def api_config(plan: dict[str, Any]) -> Any:
     """The agent's ``/api/v1`` settings (``[api]``; the report's window and the rules' thresholds)."""
     from vgpumon.exporter.api import ApiConfig
+    from vgpumon.rules.catalogue import rule_names
     from vgpumon.rules.thresholds import Thresholds
 
     a = plan["api"]
     return ApiConfig(
         enabled=a["enabled"], token=a["token"], stacks=a["stacks"], window_seconds=a["window"],
-        thresholds=Thresholds.from_mapping(plan["rules"]["thresholds"]),
+        thresholds=Thresholds.from_mapping(plan["rules"]["thresholds"], rule_names),
     )
 
 
@@ -363,7 +372,7 @@ _BOOT = (
     "    sys.path.pop(0)\n"
     "if root not in sys.path:\n"
     "    sys.path.insert(0, root)\n"
-    "from vgpumon.agent_main import main\n"
+    "from vgpumon.agent.process import main\n"
     "main()\n"
 )
 
@@ -414,7 +423,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         name_process("vgpumon")  # `pgrep vgpumon`, `top` keep finding the agent after the exec
         if len(args) < 2 or args[0] != "--plan-fd":
-            print("vgpumon.agent_main is started by `vgpumon agent`; run that instead", file=sys.stderr)
+            print("vgpumon.agent.process is started by `vgpumon agent`; run that instead", file=sys.stderr)
             sys.exit(ExitCode.USAGE)
         plan = _read_plan(int(args[1]))
         setup_logging(plan["log_level"])

@@ -1,0 +1,44 @@
+"""Plain formatting shared by every renderer (diagnose, capacity, the rules' texts, the CLI): sizes,
+shares, durations and times as the reports print them. Field-aware formatting (units, decoding
+tables) is ``vgpumon.catalogue.fmt``, built on the field catalogue."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+
+def gb(value: float | None) -> str:
+    """Bytes in GB (SI, as the leak's slope is quoted: 0.3 GB/day)."""
+    return "N/A" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def pct(value: float | None) -> str:
+    """A ratio as a percentage."""
+    return "N/A" if value is None else f"{value * 100:.0f} %"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration the way people say it: ``45 s``, ``12 min``, ``6.0 h``, ``270 days``."""
+    if seconds is None:
+        return "N/A"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC (``2026-11-30T01:39:13+00:00``); ``None`` stays ``None``."""
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def clock(ts: float | None) -> str:
+    """Epoch seconds as ``HH:MM:SS`` UTC, for times inside one report."""
+    if ts is None:
+        return "?"
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%H:%M:%S")
