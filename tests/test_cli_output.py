@@ -80,7 +80,7 @@ def test_findings_that_are_all_pending_are_not_introduced_with_and():
     out = render.console(buf, width=120, color=False)
     minor = {"severity": "info", "message": "pending: GPU 0 PCIe at 85 % for 2 min", "gpu": {"index": 0}}
     render._findings({"findings": [minor]}, out)
-    lines = [l.strip() for l in buf.getvalue().splitlines() if l.strip()]
+    lines = [line.strip() for line in buf.getvalue().splitlines() if line.strip()]
     assert lines[0] == "Findings, most severe first"
     assert lines[1] == "1 pending or informational:"
     major = {**minor, "severity": "warning", "message": "PCIe saturated", "alert": "GpuPcieSaturated", "gpu": None}

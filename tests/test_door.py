@@ -195,7 +195,7 @@ def test_blank_power_on_one_gpu_of_eight_loses_no_tick_of_any_gpu(tmp_path):
     header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
     header, ticks = scenarios.set_call(header, ticks, 3, "nvmlDeviceGetPowerUsage", {"v": INT64_BLANK}, at=range(5, 70))
     url = f"sqlite:///{tmp_path / 'eight.db'}"
-    agent = _replay(url, header, ticks, paced=True, interval=0.02, flush_every=0.2)
+    agent = _replay(url, header, ticks, paced=True, interval=0.02, flush_interval=0.2)
     assert agent.stats.ticks == 76 and agent.stats.rows_written == 8 * 76
     with open_store(url).engine.connect() as conn:
         per_gpu = dict(conn.execute(text("SELECT gpu_id, count(power_watts) FROM gpu_samples GROUP BY gpu_id")).all())

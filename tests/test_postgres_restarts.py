@@ -29,7 +29,7 @@ def test_every_tick_stored_exactly_once_across_ten_postgres_restarts(private_pos
     backlog = Backlog(tmp_path / "spool")
     agent = Agent(
         NvmlSource(scenarios.backend(header, ticks)), store, hostname="gpu-host-17",
-        interval=0.1, paced=True, flush_every=0.2, backlog=backlog,
+        interval=0.1, paced=True, flush_interval=0.2, backlog=backlog,
         retention=Retention(store), maintenance_every=1.0,
     )
     restarts: list[str] = []

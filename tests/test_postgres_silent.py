@@ -32,7 +32,7 @@ def _agent(pg_url: str, spool, ticks_x: int = 4, deadline: float = DEADLINE) -> 
     store = open_store(pg_url, connect_timeout_s=2)
     agent = Agent(
         NvmlSource(scenarios.backend(header, ticks)), store, hostname="gpu-host-silent",
-        interval=0.1, paced=True, flush_every=0.2, backlog=Backlog(spool), store_deadline=deadline,
+        interval=0.1, paced=True, flush_interval=0.2, backlog=Backlog(spool), store_deadline=deadline,
         rules=RuleRunner(sinks=[], wall=None),
     )
     return agent, store

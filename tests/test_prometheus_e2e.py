@@ -44,7 +44,7 @@ RATE_INTERVAL = f"{4 * SCRAPE_S}s"
 def _get(base: str, path: str, **params: str) -> dict:
     url = f"{base}{path}?{urllib.parse.urlencode(params)}"
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310  the test's own Prometheus on loopback
             return json.load(r)
     except urllib.error.HTTPError as exc:  # a bad query: Prometheus answers 400 with the error
         return json.load(exc)
@@ -137,7 +137,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
     vllm = ScriptedVllm(vllm_fixtures)
     agent = None
     try:
-        _wait("Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200, 60)
+        _wait("Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200, 60)  # noqa: S310  the test's own Prometheus on loopback
         t0 = time.monotonic()
         script = vllm.run(t0)
         agent = subprocess.Popen(

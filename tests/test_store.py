@@ -238,7 +238,7 @@ def _run_agent(url, backend, spool, *, hold_lock_until_tick=None, stop_at_tick=N
     agent = run_locked_sqlite(
         url,
         lambda store, tick: Agent(
-            NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_every=0.03, backlog=backlog,
+            NvmlSource(backend), store, hostname="h", interval=0.01, paced=True, flush_interval=0.03, backlog=backlog,
             on_tick=tick, host=host,
         ),
         unlock_at_tick=hold_lock_until_tick, stop_at_tick=stop_at_tick,
@@ -361,7 +361,7 @@ def test_agent_rolls_up_and_prunes_while_sampling_without_losing_a_tick(db_url):
     retention = Retention(store, max_minutes=1, clock=lambda: newest + 4 * 86400)
     agent = Agent(
         NvmlSource(scenarios.backend(header, ticks)), store, hostname="h", interval=0.01, paced=True,
-        flush_every=0.05, retention=retention, maintenance_every=0.0,
+        flush_interval=0.05, retention=retention, maintenance_every=0.0,
     )
     try:
         asyncio.run(agent.run())

@@ -51,7 +51,7 @@ def test_misbehaving_servers_never_cost_a_gpu_tick(db_url, store_of):
 
         agent = Agent(
             NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h200-vllm", interval=interval,
-            paced=True, flush_every=1.0, on_tick=on_tick, vllm=vllm,
+            paced=True, flush_interval=1.0, on_tick=on_tick, vllm=vllm,
         )
         try:
             stats = asyncio.run(agent.run())

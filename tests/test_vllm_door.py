@@ -56,7 +56,7 @@ def test_an_impossible_vllm_value_costs_only_its_field(db_url, metric, value, fi
         healthy = servers.start(FakeVllmServer(metrics=busy, version="0.32.0"))
         odd = servers.start(FakeVllmServer(metrics=_with_value(busy, metric, value), version="0.32.0"))
         vllm = VllmSource(static_urls=[healthy.url, odd.url], processes=NoProcesses(), interval=0.05, request_timeout=1.0)
-        agent = replay_into(db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_every": 0.2, "vllm": vllm})
+        agent = replay_into(db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_interval": 0.2, "vllm": vllm})
     finally:
         servers.close()
     stats = agent.stats

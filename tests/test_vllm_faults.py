@@ -67,7 +67,7 @@ def test_a_value_the_store_cannot_hold_costs_only_that_servers_rows(db_url):
         odd = servers.start(FakeVllmServer(metrics=_with_value(idle, "vllm:num_requests_running", "1e16"), version="0.32.0"))
         vllm = VllmSource(static_urls=[healthy.url, odd.url], processes=NoProcesses(), interval=0.05, request_timeout=1.0)
         stats = replay_into(
-            db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_every": 0.2, "vllm": vllm}
+            db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_interval": 0.2, "vllm": vllm}
         ).stats
     finally:
         servers.close()
@@ -244,7 +244,7 @@ def _run_locked(url: str, spool: Path, servers: list[FakeVllmServer], *, unlock_
     agent = run_locked_sqlite(
         url,
         lambda store, tick: Agent(
-            NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.03, paced=True, flush_every=0.1,
+            NvmlSource(ReplayBackend(H200_CAPTURE)), store, hostname="h", interval=0.03, paced=True, flush_interval=0.1,
             backlog=backlog, on_tick=tick, vllm=vllm,
         ),
         unlock_at_tick=unlock_at_tick, stop_at_tick=stop_at_tick, on_tick=on_tick,

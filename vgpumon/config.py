@@ -359,7 +359,7 @@ class RulesSettings(_Section):
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
-_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("vgpumon_config_file", default={})
+_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("vgpumon_config_file", default={})  # noqa: B039  the default is never mutated: each load sets its own dict
 
 
 class _DictSource(PydanticBaseSettingsSource):

@@ -195,7 +195,7 @@ def run(plan: dict[str, Any]) -> int:
 
         sinks = [LogSink(), *(WebhookSink(u) for u in r["webhooks"]), *(AlertmanagerSink(u) for u in r["alertmanagers"])]
         # a replay is judged in the capture's time, not against today's clock
-        rules = RuleRunner(Engine(Thresholds.from_mapping(r["thresholds"], rule_names)), sinks=sinks, wall=time.time if replay is None else None)  # type: ignore[arg-type]
+        rules = RuleRunner(Engine(Thresholds.from_mapping(r["thresholds"], rule_names)), sinks=sinks, wall=time.time if replay is None else None)
     sysfs = rp["sysfs"]
     runner = Agent(
         source,
@@ -213,7 +213,7 @@ def run(plan: dict[str, Any]) -> int:
         retention=Retention(store, raw_retention_s=st["raw_retention"], rollup_retention_s=st["rollup_retention"]),
         kubernetes=kubernetes,
         call_deadline=a["call_deadline"],
-        flush_every=a["flush_interval"],
+        flush_interval=a["flush_interval"],
         rules=rules,
         store_deadline=store_deadline(st["statement_timeout_s"], st["busy_timeout_ms"] / 1000, st["connect_timeout_s"]),
     )
@@ -347,7 +347,7 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
         os.lseek(fd, 0, os.SEEK_SET)
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, *_interpreter_options(), "-c", _BOOT, _package_root(), "--plan-fd", str(fd),
+        os.execv(sys.executable, [sys.executable, *_interpreter_options(), "-c", _BOOT, _package_root(), "--plan-fd", str(fd),  # noqa: S606  exec of this interpreter with our own boot code; the plan travels in a memfd
                                   "vgpumon", *(mask_secrets(a) for a in argv)])
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)

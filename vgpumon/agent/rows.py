@@ -14,11 +14,12 @@ from vgpumon.store.repository import TickRows
 
 if TYPE_CHECKING:
     pass
+from vgpumon.agent.state import AgentState
 
 log = logging.getLogger("vgpumon.agent")
 
 
-class TickEncoder:
+class TickEncoder(AgentState):
     """Encodes each snapshot into ``TickRows`` (a part of ``Agent``: it reads the GPU and host ids
     the writer registered)."""
 

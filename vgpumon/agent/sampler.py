@@ -20,6 +20,7 @@ from vgpumon.sources.nvml_backend import EndOfCapture
 
 if TYPE_CHECKING:
     pass
+from vgpumon.agent.state import AgentState
 
 log = logging.getLogger("vgpumon.agent")
 
@@ -41,7 +42,7 @@ def quiet_wakeup_fd() -> None:
 
 
 
-class PacedSampler:
+class PacedSampler(AgentState):
     """Reads the ticks of a paced run and watches each read (a part of ``Agent``)."""
 
     def _sample_after(self, host_due: bool = False) -> NvmlReading:
@@ -96,7 +97,7 @@ class PacedSampler:
     async def _run_paced(self) -> None:
         """A paced run: the ticks are read and taken in on the sampling thread (``_paced_ticks``),
         which sleeps to each slot itself and hands the event loop only what needs it — a flush
-        every ``flush_every`` seconds, a rules cycle when one is due, ``on_tick`` when set. An
+        every ``flush_interval`` seconds, a rules cycle when one is due, ``on_tick`` when set. An
         idle agent's event loop so wakes a few times a minute instead of once per tick (each
         wake-up costs more CPU than the Python work of a tick: docs/benchmarks.md).
 
@@ -220,14 +221,14 @@ class PacedSampler:
                 else:
                     self._sampler_done.set_exception(exc)
 
-        self._loop.call_soon_threadsafe(settle)
+        self._run_loop().call_soon_threadsafe(settle)
 
     def _paced_ticks(self, gen: int, resume: bool) -> None:
         """On the sampling thread: sleep to each slot, read the tick (``resume``: first finish the
         one a wedged call interrupted), take the host sample when due, take the tick in; until
         stopped, ``--duration`` or the end of a replay. Returns at once when the watchdog gave up
         on this thread (``gen`` is no longer current) while a call hung."""
-        loop = self._loop
+        loop = self._run_loop()
         if self._alarm:  # SIGALRM is for the event loop's thread, never this one's NVML calls
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         while True:
@@ -267,7 +268,7 @@ class PacedSampler:
                 self.stats.gpus = len(self.source.gpus)
                 self._register_blocking()
             snap = self._take(reading, host)
-            if self.store is not None and self.monotonic() - self._last_flush >= self.flush_every:
+            if self.store is not None and self.monotonic() - self._last_flush >= self.flush_interval:
                 self._last_flush = self.monotonic()
                 loop.call_soon_threadsafe(self._flush)
             if self.rules is not None and self.rules.due(snap.ts):

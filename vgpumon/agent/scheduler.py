@@ -73,7 +73,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         recorded_pace: a replay at the capture's own pace: each tick is taken in when as much
             wall time (``monotonic``) has passed since the first as capture time has, whatever
             ``interval`` says (a capture recorded at 0.5 s, or with gaps, replays as recorded).
-        flush_every: seconds of wall time between batched writes; ``None``: ``LIVE_FLUSH_S``
+        flush_interval: seconds of wall time between batched writes; ``None``: ``LIVE_FLUSH_S``
             (10 s) for a live or recorded-pace run, ``REPLAY_FLUSH_S`` (5 s) for a replay as fast
             as possible (whose rows pile up in memory between flushes at thousands of ticks a
             second). A process killed outright loses at most this much of its ticks.
@@ -131,7 +131,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         duration: float | None = None,
         paced: bool = True,
         recorded_pace: bool = False,
-        flush_every: float | None = None,
+        flush_interval: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
         on_tick: Callable[[Snapshot], None] | None = None,
@@ -158,9 +158,9 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         self.duration = duration
         self.paced = paced
         self.recorded_pace = recorded_pace
-        if flush_every is None:
-            flush_every = LIVE_FLUSH_S if paced or recorded_pace else REPLAY_FLUSH_S
-        self.flush_every = flush_every
+        if flush_interval is None:
+            flush_interval = LIVE_FLUSH_S if paced or recorded_pace else REPLAY_FLUSH_S
+        self.flush_interval = flush_interval
         self.monotonic = monotonic
         self.clock = clock
         self._last_clock: tuple[float, float] | None = None  # (wall, monotonic) of the last tick
@@ -316,7 +316,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
             if host_due and host is None:  # the tick was resumed after a wedge
                 host = await loop.run_in_executor(self._host_exec, self._host_of, reading)
             snap = self._take(reading, host)
-            if self.store is not None and self.monotonic() - last_flush >= self.flush_every:
+            if self.store is not None and self.monotonic() - last_flush >= self.flush_interval:
                 self._flush()
                 last_flush = self.monotonic()
             if self.rules is not None:

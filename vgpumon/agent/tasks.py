@@ -14,11 +14,12 @@ from vgpumon.model import Snapshot
 
 if TYPE_CHECKING:
     from vgpumon.sources.vllm import ServerSample
+from vgpumon.agent.state import AgentState
 
 log = logging.getLogger("vgpumon.agent")
 
 
-class Supervision:
+class Supervision(AgentState):
     """The vLLM task and the kubelet's attribution (a part of ``Agent``)."""
 
     def _take_vllm(self, samples: list[ServerSample]) -> None:

@@ -20,6 +20,7 @@ from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM
 
 if TYPE_CHECKING:
     pass
+from vgpumon.agent.state import AgentState
 
 log = logging.getLogger("vgpumon.agent")
 
@@ -51,7 +52,7 @@ class _Interrupted(Exception):
 
 
 
-class StoreWriter:
+class StoreWriter(AgentState):
     """The agent's store writer (a part of ``Agent``: it shares the agent's state, its store thread
     and its stats)."""
 
@@ -211,7 +212,7 @@ class StoreWriter:
         out: dict[int | None, float] = {}
         for executor in (self._store_exec, getattr(self.rules, "executor", None)):
             since = executor.running_since if executor is not None else None
-            if since is not None:
+            if since is not None and executor is not None:
                 out[executor.thread_id] = now - max(since, watch.moved_at(executor.thread_id))
         return out
 

@@ -60,7 +60,7 @@ def ask_stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def quiet_lost_interrupts(args: "sys.UnraisableHookArgs") -> None:  # type: ignore[name-defined]
+def quiet_lost_interrupts(args: "sys.UnraisableHookArgs") -> None:
     """``sys.unraisablehook`` of the commands that stop cleanly: a ``KeyboardInterrupt`` that
     Python cannot raise (it came inside a weakref callback or a ``__del__``) is the stop
     ``ask_stop`` noted, not a traceback for the user; anything else is reported as usual."""

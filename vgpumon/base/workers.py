@@ -140,7 +140,7 @@ class DaemonExecutor(Executor):
                 since[0] = None
                 future.set_result(result)
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:  # type: ignore[override]
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Queue ``fn(*args, **kwargs)``; the future holds its result or exception.
 
         Raises:

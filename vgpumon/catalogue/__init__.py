@@ -172,7 +172,8 @@ def fmt(f: Field | tuple[str | None, str], value: Any, reason: str | None = None
     field = f if isinstance(f, Field) else get(*f)
     if value is None:
         return _na(reason)
-    return _FORMATS[field.display](field, value)
+    text: str = _FORMATS[str(field.display)](field, value)
+    return text
 
 
 # -- docs/metrics.md -----------------------------------------------------------------------------

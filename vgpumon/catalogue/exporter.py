@@ -8,7 +8,18 @@ them and ``docs/metrics.md`` gives each group a section; no store table has thes
 
 from __future__ import annotations
 
-from vgpumon.catalogue.core import BOOL, BYTES_PER_SECOND, COUNT_MAX, INT64, RATIO, SECONDS_MS, SECONDS_US, Field, text
+from vgpumon.catalogue.core import (
+    BOOL,
+    BYTES_PER_SECOND,
+    COUNT_MAX,
+    INT64,
+    RATIO,
+    SECONDS_MS,
+    SECONDS_US,
+    Encoding,
+    Field,
+    text,
+)
 
 # 128 GB/s (Gen6 x16 raw) × the door's 1.25 headroom: the largest capacity or rate a link reports.
 _LINK_MAX = 128e9 * 1.25
@@ -19,12 +30,12 @@ _EPOCH_MAX = float(2**33)  # seconds since 1970: year 2242
 _GIB48 = float(2**48)
 
 
-def _derived(name: str, kind: str, unit: str, help: str, source: str, encoding, **kw: object) -> Field:
+def _derived(name: str, kind: str, unit: str, help: str, source: str, encoding: Encoding, **kw: object) -> Field:
     kw.setdefault("cadence", "scrape")
     return Field(name=name, table="exporter", kind=kind, unit=unit, help=help, source=source, encoding=encoding, **kw)  # type: ignore[arg-type]
 
 
-def _agent(name: str, kind: str, unit: str, help: str, source: str, encoding, **kw: object) -> Field:
+def _agent(name: str, kind: str, unit: str, help: str, source: str, encoding: Encoding, **kw: object) -> Field:
     kw.setdefault("cadence", "scrape")
     return Field(name=name, table="agent", kind=kind, unit=unit, help=help, source=source, encoding=encoding, **kw)  # type: ignore[arg-type]
 

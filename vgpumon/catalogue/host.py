@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from vgpumon.catalogue.core import INT64, LOAD, RATIO, Field
+from vgpumon.catalogue.core import INT64, LOAD, RATIO, Encoding, Field
 
 _HOST_MEMORY_MAX = float(2**50)  # 1 PiB: above any host, below every sentinel
 
 
-def _host(name: str, kind: str, unit: str, help: str, source: str, encoding, **kw: object) -> Field:
+def _host(name: str, kind: str, unit: str, help: str, source: str, encoding: Encoding, **kw: object) -> Field:
     return Field(name=name, table="host_samples", kind=kind, unit=unit, help=help, source=source, cadence="host",
                  encoding=encoding, **kw)  # type: ignore[arg-type]
 

@@ -17,7 +17,8 @@ Decisions: docs/diagnose.md.
 
 from typing import Any
 
-from vgpumon.diagnose.findings import SEVERITY_RANK, iso
+from vgpumon.base.fmt import iso
+from vgpumon.diagnose.findings import SEVERITY_RANK
 from vgpumon.diagnose.report import SEVERITY_EXIT, build_report, exit_code, parse_since, resolve_host, unknown_report
 
 #: Names of ``vgpumon.diagnose.gpus``, loaded on first use: they need the store (SQLAlchemy),

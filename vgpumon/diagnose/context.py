@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
-from vgpumon.diagnose.findings import iso
 from vgpumon.rules.leak import theil_sen
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
@@ -147,7 +147,7 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
     raw = end - start <= RAW_TREND_MAX_SECONDS
     if raw:
         rows = store.series_many(ids, start, end, ("memory_used_bytes", *_PCIE))
-        mem_col, pcie_cols = "memory_used_bytes", _PCIE
+        mem_col, pcie_cols = "memory_used_bytes", tuple(_PCIE)
     else:
         pcie_cols = tuple(f"{c}_p95" for c in _PCIE)
         rows = store.rollup_series_many(ids, start, end, ("memory_used_bytes_max", *pcie_cols))
@@ -180,7 +180,7 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
         ys = [v for v in memory if v is not None]
         slope = theil_sen(xs, ys)[0] if len(ys) >= 3 else None
         cap = link_capacity_bytes_per_second(g.identity.pcie_link_gen_max, g.identity.pcie_link_width_max)
-        peak = None
+        peak: dict[str, Any] | None = None
         for direction, series in (("tx", tx95), ("rx", rx95)):
             for i, v in enumerate(series):
                 if v is not None and (peak is None or v > peak["bytes_per_second"]):

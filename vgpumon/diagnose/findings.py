@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from vgpumon.base.fmt import clock, duration, iso  # noqa: F401  re-used by the renderer
+from vgpumon.base.fmt import clock, duration, iso
 from vgpumon.catalogue.xid import describe as describe_xid
 
 #: Severities from the worst; ``unknown`` ranks under ``warning``: a known problem is reported even

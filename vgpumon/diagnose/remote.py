@@ -93,7 +93,7 @@ def fetch_report(
     if stacks:
         query["stacks"] = "1"
     url = f"{agent_url(host, port)}/api/v1/diagnose" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-    request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})
+    request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})  # noqa: S310  the URL is built here from a checked host and port, http only
     # proxies from the environment are for the web, not for a GPU host's agent
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

@@ -259,7 +259,8 @@ def _print_figures(t: Table, out: Console) -> None:
     label = max(len(str(c.header)) for c in columns[1:])
     for row in range(t.row_count):
         head = Text(f"{columns[0].header} ", style="bold")
-        head.append(cells[0][row] if isinstance(cells[0][row], Text) else str(cells[0][row]))
+        cell = cells[0][row]
+        head.append(cell if isinstance(cell, Text) else str(cell))
         out.print(head)
         for column, values in zip(columns[1:], cells[1:]):
             line = Text(f"  {str(column.header):<{label}}  ")
@@ -271,7 +272,7 @@ def _print_figures(t: Table, out: Console) -> None:
 
 
 def _iso(ts: float | None) -> str | None:
-    from vgpumon.diagnose.findings import iso
+    from vgpumon.base.fmt import iso
 
     return iso(ts)
 

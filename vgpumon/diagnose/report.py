@@ -14,13 +14,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vgpumon.base.errors import ExitCode
+from vgpumon.base.fmt import clock, iso
 from vgpumon.config import default_hostname
 from vgpumon.diagnose.findings import (
     GPU_SUBJECTS,
     XID_RULES,
-    clock,
     from_alert,
-    iso,
     order,
     own,
     unreadable_now,

@@ -64,7 +64,7 @@ def dump(pid: int, *, py_spy: str | None = None, timeout: float = DUMP_TIMEOUT_S
     if not _alive(pid):
         return {"pid": pid, "error": f"process {pid} has exited"}
     try:
-        done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout, check=False)  # noqa: S603  py-spy with a PID of a discovered vLLM process, no shell, fixed arguments
     except subprocess.TimeoutExpired:
         return {"pid": pid, "error": f"py-spy did not finish within {timeout:g} s"}
     except OSError as exc:

@@ -423,7 +423,7 @@ class MetricsExporter(Collector):
                 for uuid in uuids:
                     if uuid in index:
                         gpu_fam.add(
-                            self._cached(("up", bdf, uuid), lambda: Labels((*port.items, ("kind", kind), ("gpu", str(index[uuid])), ("uuid", uuid)))),
+                            self._cached(("up", bdf, uuid), lambda: Labels((*port.items, ("kind", kind), ("gpu", str(index[uuid])), ("uuid", uuid)))),  # noqa: B023  the factory runs at once, inside this iteration (_cached)
                             1.0,
                         )
 
@@ -490,7 +490,7 @@ class MetricsExporter(Collector):
                     fam.add(
                         self._cached(
                             ("sgpu", base.items, uuid, gpu),
-                            lambda: Labels((*base.items, ("uuid", uuid), *((("gpu", str(gpu)),) if gpu is not None else ()))),
+                            lambda: Labels((*base.items, ("uuid", uuid), *((("gpu", str(gpu)),) if gpu is not None else ()))),  # noqa: B023  the factory runs at once, inside this iteration (_cached)
                         ),
                         1.0,
                     )
@@ -510,7 +510,7 @@ class MetricsExporter(Collector):
                 self._cached(
                     ("alert", a.alertname, a.severity, a.state, subject),
                     lambda: Labels(
-                        (("hostname", self.hostname), ("alertname", a.alertname), ("severity", a.severity), ("state", a.state), *subject)
+                        (("hostname", self.hostname), ("alertname", a.alertname), ("severity", a.severity), ("state", a.state), *subject)  # noqa: B023  the factory runs at once, inside this iteration (_cached)
                     ),
                 ),
                 1.0,

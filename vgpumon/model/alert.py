@@ -19,7 +19,7 @@ def fingerprint(name: str, labels: Mapping[str, str]) -> str:
     """Identity of an alert: its name and labels (not its values), so that one condition on one
     subject is one alert however often it is evaluated (deduplication)."""
     text = json.dumps([name, sorted(labels.items())], separators=(",", ":"))
-    return hashlib.sha1(text.encode()).hexdigest()
+    return hashlib.sha1(text.encode()).hexdigest()  # noqa: S324  a fingerprint that deduplicates alerts (Alertmanager's own use), not a secret
 
 
 @dataclass

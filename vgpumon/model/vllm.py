@@ -190,5 +190,5 @@ def latency_for_alerts(sample: ServerSample | Mapping[str, Any], histogram: str,
     if isinstance(sample, ServerSample):
         flagged, value = sample.latency_unreliable, getattr(sample, f"{histogram}_p{percentile}_seconds")
     else:
-        flagged, value = sample.get("latency_unreliable") or (), sample.get(f"{histogram}_p{percentile}_seconds")
+        flagged, value = sample.get("latency_unreliable") or {}, sample.get(f"{histogram}_p{percentile}_seconds")
     return None if histogram in flagged else value

@@ -270,7 +270,7 @@ class LiveBackend:
         self._fast = None
         try:
             self._lib().nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutdown must never raise
+        except Exception:  # noqa: BLE001, S110 - shutdown must never raise
             pass
 
     def begin_tick(self, ts: float) -> float:
@@ -412,7 +412,7 @@ class LiveBackend:
             for buf in state["bufs"]:
                 try:
                     self._lib().nvmlGpmSampleFree(buf)
-                except Exception:  # noqa: BLE001 - a lost device may refuse; nothing to do
+                except Exception:  # noqa: BLE001, S110 - a lost device may refuse; nothing to do
                     pass
 
     def forget_device(self, index: int) -> None:
@@ -487,7 +487,7 @@ class LiveBackend:
         if active:
             try:
                 nv.nvmlEventSetFree(event_set)
-            except Exception:  # noqa: BLE001 - shutting down
+            except Exception:  # noqa: BLE001, S110 - shutting down
                 pass
 
     # PCIe throughput (pre-Hopper path) ----------------------------------------------------------

@@ -162,7 +162,7 @@ class FastCalls:
                   for i, key in enumerate(scalars)]
         reads.sort(key=lambda x: x[1])
         fmt, pos = "=", 0
-        for name, offset, code in reads:
+        for _name, offset, code in reads:
             fmt += "x" * (offset - pos) + code
             pos = offset + struct.calcsize("=" + code)
         parts.unpack = struct.Struct(fmt).unpack_from

@@ -24,7 +24,7 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, (ctypes.Structure, ctypes.Union)):
         out: dict[str, Any] = {}
         for name, ctype, *_ in value._fields_:
-            if issubclass(ctype, (ctypes._Pointer, ctypes.c_void_p)):  # type: ignore[attr-defined]
+            if issubclass(ctype, (ctypes._Pointer, ctypes.c_void_p)):
                 continue
             member = getattr(value, name)
             if isinstance(member, ctypes.Union) and name == "value" and out.get("valueType") in _VALUE_MEMBERS:

@@ -183,7 +183,7 @@ class ConnectionWatch:
                 else:
                     continue
                 cut += 1
-            except Exception:  # noqa: BLE001 - closed meanwhile, or not a socket: nothing waits on it
+            except Exception:  # noqa: BLE001, S112 - closed meanwhile, or not a socket: nothing waits on it
                 continue
         return cut
 

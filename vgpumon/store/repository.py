@@ -52,7 +52,8 @@ _ROLLUPS = gpu_samples_1m
 #: How long ``Store.gpus_of`` keeps a host's GPU list (registration by this store drops it at once).
 GPUS_TTL_S = 60.0
 EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values", "host_events")
-TickRows = dict[str, list[dict[str, Any]]]
+#: a tick's rows by table: ``gpu_samples`` as encoded tuples (``GpuRow``), the others as dicts
+TickRows = dict[str, list[Any]]
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
 _TABLES = {
     "host_samples": HostSample.__table__,
@@ -364,7 +365,7 @@ class Store:
                 for r in rows:
                     copy.write_row(r)
         return conn.exec_driver_sql(
-            f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING'
+            f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING'  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
         ).rowcount
 
     def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> int:
@@ -390,7 +391,7 @@ class Store:
                     cols = ", ".join(f'"{c}"' for c in columns)
                     # sqlite3 sums the changes of an executemany: the rows inserted
                     inserted = conn.exec_driver_sql(
-                        f'INSERT INTO "{table}" ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING', list(rows)
+                        f'INSERT INTO "{table}" ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING', list(rows)  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                     ).rowcount
                 conn.commit()
                 return max(inserted, 0)
@@ -878,7 +879,7 @@ class Store:
                         continue
                     key = tuple(missing.items())
                     newest_stmt = self._stmt(("last_rollup_ts", key), lambda: select(
-                        *(type_coerce(func.max(case((rc[col].is_not(None), rc.ts))), rc.ts.type).label(n) for n, col in key)
+                        *(type_coerce(func.max(case((rc[col].is_not(None), rc.ts))), rc.ts.type).label(n) for n, col in key)  # noqa: B023  the statement factory runs at once, inside this iteration (_stmt)
                     ).where(and_(rc.gpu_id == bindparam("gid"), rc.ts >= bindparam("start"), rc.ts <= bindparam("end"))))
                     newest = conn.execute(
                         newest_stmt,
@@ -1236,7 +1237,7 @@ class Store:
                     except SQLAlchemyError:  # SQLite built without SQLITE_ENABLE_DBSTAT_VTAB
                         sizes = {}
                 for table in TIME_TABLES:
-                    rows, oldest, newest = conn.execute(text(f'SELECT count(*), min(ts), max(ts) FROM "{table}"')).one()
+                    rows, oldest, newest = conn.execute(text(f'SELECT count(*), min(ts), max(ts) FROM "{table}"')).one()  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                     item: dict[str, Any] = {
                         "table": table,
                         "rows": int(rows),

@@ -35,7 +35,7 @@ from vgpumon.store.schema import TIME_TABLES, metadata
 DEFAULT_RAW_RETENTION_S = 72 * 3600.0
 DEFAULT_ROLLUP_RETENTION_S = 90 * 86400.0
 _COLS = ", ".join(f'"{c}"' for c in GPU_ROW_COLUMNS)
-_ROLLUP_INSERT = "INSERT INTO gpu_samples_1m ({}) VALUES ({}) ON CONFLICT DO NOTHING".format(
+_ROLLUP_INSERT = "INSERT INTO gpu_samples_1m ({}) VALUES ({}) ON CONFLICT DO NOTHING".format(  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
     ", ".join(f'"{c}"' for c in ROLLUP_ROW_COLUMNS), ", ".join(f":c{i}" for i in range(len(ROLLUP_ROW_COLUMNS)))
 )
 
@@ -110,7 +110,7 @@ class Retention:
                 active_newest = None
                 if self.active_gpus:
                     active_newest = conn.scalar(
-                        text("SELECT max(ts) FROM gpu_samples WHERE gpu_id IN ({})".format(",".join(str(int(g)) for g in self.active_gpus)))
+                        text("SELECT max(ts) FROM gpu_samples WHERE gpu_id IN ({})".format(",".join(str(int(g)) for g in self.active_gpus)))  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                     )
                 for gpu_id in conn.scalars(text("SELECT id FROM gpus ORDER BY id")).all():
                     n, more = self._rollup_gpu(conn, gpu_id, now, active_newest)
@@ -158,7 +158,7 @@ class Retention:
             return 0, False
         until = min(complete_until, wm + self.max_minutes * MINUTE_MS)
         rows = conn.execute(
-            text(f"SELECT {_COLS} FROM gpu_samples WHERE gpu_id = :g AND ts >= :a AND ts < :b ORDER BY ts"),
+            text(f"SELECT {_COLS} FROM gpu_samples WHERE gpu_id = :g AND ts >= :a AND ts < :b ORDER BY ts"),  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
             {"g": gpu_id, "a": wm, "b": until},
         ).all()
         summary = rollup_rows([tuple(r) for r in rows])
@@ -213,14 +213,14 @@ class Retention:
             key = TIME_TABLES[table]
             (fk,) = metadata.tables[table].c[key].foreign_keys
             owners = fk.column.table.name
-            for owner in conn.scalars(text(f"SELECT id FROM {owners} ORDER BY id")).all():
+            for owner in conn.scalars(text(f"SELECT id FROM {owners} ORDER BY id")).all():  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                 # the ts of the max_delete_rows-th oldest row bounds this step's delete (PK seek)
                 bound = conn.scalar(
-                    text(f'SELECT ts FROM "{table}" WHERE {key} = :k AND ts < :u ORDER BY ts LIMIT 1 OFFSET :n'),
+                    text(f'SELECT ts FROM "{table}" WHERE {key} = :k AND ts < :u ORDER BY ts LIMIT 1 OFFSET :n'),  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                     {"k": owner, "u": until, "n": self.max_delete_rows},
                 )
                 limit = until if bound is None else int(bound)
-                n = conn.execute(text(f'DELETE FROM "{table}" WHERE {key} = :k AND ts < :u'), {"k": owner, "u": limit}).rowcount
+                n = conn.execute(text(f'DELETE FROM "{table}" WHERE {key} = :k AND ts < :u'), {"k": owner, "u": limit}).rowcount  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                 res.rows_deleted += max(n, 0)
                 res.more |= bound is not None
                 conn.commit()

@@ -58,7 +58,7 @@ def rollup_rows(gpu_id: int, start: float, minutes: int, *, rx: float, tx: float
     """``minutes`` rollup rows of one card from ``start`` (a whole minute, epoch seconds) with a
     steady load: p95 exactly ``rx``/``tx`` bytes/s, the other statistics in ``_SHAPE`` proportion
     with ±2 % of seeded jitter (never above the p99)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311  test data, seeded for repeatability
     rows = []
     for m in range(minutes):
         row: list[Any] = [None] * len(ROLLUP_ROW_COLUMNS)

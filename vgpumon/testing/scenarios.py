@@ -179,7 +179,7 @@ def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[st
                 t0 = tick["ts"]
 
             def at(ts: float) -> float:
-                return t0 + (ts - t0) * factor  # type: ignore[operator]
+                return t0 + (ts - t0) * factor  # type: ignore[operator]  # noqa: B023  t0 is set once, before the first tick, and never changes
 
             calls = []
             for scope, fn, args, kwargs, outcome in tick["calls"]:

@@ -30,7 +30,7 @@ import psutil
 
 DEFAULT_PORT = 8000
 _API_MODULE = "vllm.entrypoints.openai.api_server"
-_WILDCARD = {"", "0.0.0.0", "::", "[::]"}
+_WILDCARD = {"", "0.0.0.0", "::", "[::]"}  # noqa: S104  the wildcard addresses vLLM may listen on, recognised, not bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +285,7 @@ class PsutilProcessTable:
                         continue  # exited, not yet reaped by its parent: gone for us
                     cmdline = p.cmdline()
                     started = p.create_time() if known is None else known[1]
-                p.info = {"cmdline": cmdline}  # type: ignore[attr-defined]
+                p.info = {"cmdline": cmdline}
                 server = is_vllm_server(cmdline or ())
                 self._verdict[pid] = (server, started, None if server else _raw_cmdline(pid))
                 if server:

@@ -325,7 +325,7 @@ def _samples(lines: _Lines) -> Iterator[Any]:
     while True:
         try:
             for fam in text_fd_to_metric_families(feed):  # type: ignore[arg-type]
-                yield from fam.samples  # type: ignore[attr-defined]
+                yield from fam.samples
             return
         except Exception:  # noqa: BLE001 - the parser raises ValueError, KeyError, IndexError, TypeError...
             lines.refused()
@@ -433,7 +433,7 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         sk = series_of(labels)
         if "sleep_state" in labels:
             if value >= 1.0 and labels["sleep_state"] is not None:
-                sleep[sk] = labels["sleep_state"]  # type: ignore[assignment]
+                sleep[sk] = labels["sleep_state"]
         else:  # an unlabelled gauge: 0 awake, N = sleep level N
             sleep[sk] = "awake" if value == 0 else f"level_{int(value)}"
     cache: CacheConfig | None = None
