@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from vgpumon.catalogue import is_rejection
 from vgpumon.model import HostSample, Snapshot
 from vgpumon.store.codec import encode_gpu_sample, storable
-from vgpumon.store.repository import TickRows
+from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
     pass

@@ -40,8 +40,8 @@ from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
 from vgpumon.sources.nvml_backend import EndOfCapture
 from vgpumon.store import Store
-from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import Backlog
+from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
     from vgpumon.alerts.runner import RuleRunner

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from vgpumon.sources.nvml import NvmlSource
     from vgpumon.sources.vllm import VllmSource
     from vgpumon.store import Store
-    from vgpumon.store.repository import TickRows
     from vgpumon.store.retention import Retention
     from vgpumon.store.spool import Backlog
+    from vgpumon.store.tables import TickRows
     from vgpumon.store.vllm_repository import VllmRepository
 
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.store.engine import describe_store
-from vgpumon.store.repository import TickRows
 from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM
+from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
     pass

@@ -28,8 +28,8 @@ from typing import Any, Sequence
 from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.store import Store
-from vgpumon.store.repository import decode_rollup
 from vgpumon.store.rollup import percentile
+from vgpumon.store.tables import decode_rollup
 
 DIRECTIONS = ("tx", "rx")
 #: Quantile of the window taken of each per-minute statistic (``max`` is the largest).

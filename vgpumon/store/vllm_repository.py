@@ -12,8 +12,8 @@ from vgpumon.model import ServerSample, ServerState
 from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
 from vgpumon.store.engine import unavailable
-from vgpumon.store.repository import insert_ignoring_duplicates, store_unavailable
 from vgpumon.store.schema import Host
+from vgpumon.store.tables import insert_ignoring_duplicates, store_unavailable
 from vgpumon.store.vllm_schema import (
     PREFIX_CACHE_UNIT_NAMES,
     PREFIX_CACHE_UNITS,
