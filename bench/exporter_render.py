@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.model import Snapshot
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import EndOfCapture
+from vgpumon.sources.nvml.backend import EndOfCapture
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.testing import incident, scenarios

@@ -1,4 +1,4 @@
-"""The per-tick calls made straight through ctypes (``vgpumon.sources.nvml_fast``) answer what
+"""The per-tick calls made straight through ctypes (``vgpumon.sources.nvml.fastcalls``) answer what
 nvidia-ml-py's wrappers answer, on this machine's GPUs and driver.
 
 For every GPU and every fast-set call, both are asked back to back and their plain answers
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vgpumon.sources.nvml_backend import LiveBackend  # noqa: E402
-from vgpumon.sources.nvml_plain import to_plain  # noqa: E402
+from vgpumon.sources.nvml.backend import LiveBackend  # noqa: E402
+from vgpumon.sources.nvml.plain import to_plain  # noqa: E402
 
 CALLS = [
     ("nvmlDeviceGetMemoryInfo", (), {"version": None}),
@@ -86,7 +86,7 @@ def arena(backend, nv) -> int:
     each value that does not move between two reads, read both ways back to back."""
     import ctypes
 
-    from vgpumon.sources.nvml import _FAST_CALLS
+    from vgpumon.sources.nvml.reads import _FAST_CALLS
 
     bad = 0
     for index in range(nv.nvmlDeviceGetCount()):

@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=temperature.gpu,temperature.memory --format=csv,noheader
 python3 - "$out/h200-idle-hbm.jsonl.gz" <<'PY'
 import sys
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import EndOfCapture, ReplayBackend
+from vgpumon.sources.nvml.backend import EndOfCapture, ReplayBackend
 src = NvmlSource(ReplayBackend(sys.argv[1])); src.start(); temps = []
 while True:
     try:

@@ -39,7 +39,7 @@ from vgpumon.capacity import review  # noqa: E402
 from vgpumon.diagnose import build_report  # noqa: E402
 from vgpumon.model import GpuIdentity  # noqa: E402
 from vgpumon.sources.nvml import NvmlSource  # noqa: E402
-from vgpumon.sources.nvml_backend import ReplayBackend  # noqa: E402
+from vgpumon.sources.nvml.capture import ReplayBackend  # noqa: E402
 from vgpumon.store import Store  # noqa: E402
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, encode_gpu_sample  # noqa: E402
 from vgpumon.store.rollup import rollup_rows  # noqa: E402

@@ -35,7 +35,7 @@ from vgpumon.agent import Agent  # noqa: E402
 from vgpumon.diagnose import WINDOW_COLUMNS  # noqa: E402
 from vgpumon.model import GpuIdentity  # noqa: E402
 from vgpumon.sources.nvml import NvmlSource  # noqa: E402
-from vgpumon.sources.nvml_backend import ReplayBackend  # noqa: E402
+from vgpumon.sources.nvml.capture import ReplayBackend  # noqa: E402
 from vgpumon.store import Store, open_store  # noqa: E402
 from vgpumon.store.codec import GPU_ROW_COLUMNS, encode_gpu_sample  # noqa: E402
 from vgpumon.store.engine import make_engine  # noqa: E402

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.store import Store, open_store
 from vgpumon.store.engine import make_engine
 
@@ -52,7 +52,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def read_all(backend, **kw: Any) -> tuple[NvmlSource, list]:
     """Run an ``NvmlSource`` over a whole replay; returns the source and every tick's reading."""
-    from vgpumon.sources.nvml_backend import EndOfCapture
+    from vgpumon.sources.nvml.backend import EndOfCapture
 
     src = NvmlSource(backend, **kw)
     src.start()

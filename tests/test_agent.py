@@ -11,7 +11,8 @@ from conftest import H200_CAPTURE, replay_into
 from sqlalchemy import text
 
 from vgpumon.diagnose import build_report
-from vgpumon.sources.nvml_backend import NVML_ERROR_GPU_IS_LOST, read_capture
+from vgpumon.sources.nvml.backend import NVML_ERROR_GPU_IS_LOST
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.store.engine import make_engine
 from vgpumon.testing import scenarios
 
@@ -75,7 +76,7 @@ def test_gpu_processes_are_stored_with_their_owner_state(db_url):
     from vgpumon.agent import Agent
     from vgpumon.sources.host import HostSource
     from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.sources.nvml.capture import ReplayBackend
     from vgpumon.store import open_store
 
     store = open_store(db_url)

@@ -267,7 +267,7 @@ def test_a_stop_whose_interrupt_was_swallowed_during_start_up_still_stops_the_ag
     from vgpumon.agent import Agent
     from vgpumon.base import signals as launch
     from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.sources.nvml.capture import ReplayBackend
 
     monkeypatch.setattr(launch, "_stop_asked", False)
 

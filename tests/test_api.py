@@ -21,7 +21,7 @@ from vllm_support import ServerThread, shared_dir
 
 from vgpumon.diagnose.stacks import dump
 from vgpumon.exporter.api import ApiConfig, is_loopback
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import VllmProcess
 from vgpumon.testing import scenarios

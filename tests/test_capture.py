@@ -7,7 +7,7 @@ import json
 
 from conftest import H200_CAPTURE, read_all
 
-from vgpumon.sources.nvml_backend import RecordingBackend, ReplayBackend, read_capture
+from vgpumon.sources.nvml.capture import RecordingBackend, ReplayBackend, read_capture
 from vgpumon.testing import scenarios
 
 
@@ -64,7 +64,7 @@ def test_field_values_struct_becomes_plain_data_with_its_union_decoded():
     union named by ``valueType``: the capture keeps the one member NVML filled, not the other
     members' reinterpretation of its bytes (built with nvidia-ml-py's own ctypes types)."""
     pynvml = __import__("pynvml")
-    from vgpumon.sources.nvml_plain import to_plain
+    from vgpumon.sources.nvml.plain import to_plain
 
     values = (pynvml.c_nvmlFieldValue_t * 2)()
     values[0].fieldId, values[0].valueType, values[0].nvmlReturn = 82, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0

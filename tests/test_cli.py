@@ -10,7 +10,8 @@ import sys
 import pytest
 from conftest import H200_CAPTURE
 
-from vgpumon.sources.nvml_backend import NVML_ERROR_NOT_SUPPORTED, read_capture
+from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.testing import scenarios
 
 VGPUMON = [sys.executable, "-m", "vgpumon"]

@@ -19,7 +19,7 @@ from prometheus_support import tool
 from vgpumon import catalogue
 from vgpumon.exporter import DEFAULT_LISTEN, DEFAULT_PORT, parse_listen
 from vgpumon.exporter.selection import SelectionError, parse_selection, read_selection, render_selection
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORTERS = ROOT / "exporters"

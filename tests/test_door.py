@@ -26,7 +26,7 @@ from vgpumon.agent import Agent
 from vgpumon.diagnose import build_report
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import NVML_MEMORY_V2, NvmlSource
-from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 

@@ -25,7 +25,7 @@ from vgpumon.exporter.server import MetricsServer
 from vgpumon.model import HostSample, PodContainer, ProcessInfo
 from vgpumon.model.kubernetes import DeviceAllocations
 from vgpumon.sources.kubernetes import attach
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.testing import incident, scenarios
 from vgpumon.testing.vllm import FakeClock
 

@@ -22,7 +22,7 @@ from vllm_support import shared_dir
 from vgpumon import catalogue
 from vgpumon.catalogue import UNIT_SUFFIXES
 from vgpumon.exporter.collector import LABEL_NAMES, MAX_LABELS, MetricsExporter
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.testing import incident, scenarios

@@ -10,15 +10,14 @@ from conftest import DATA, H200_CAPTURE, read_all, replay_into
 from rules_support import with_slowdown_threshold
 
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import (
+from vgpumon.sources.nvml.backend import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_SUPPORTED,
     EndOfCapture,
-    RecordingBackend,
-    read_capture,
 )
+from vgpumon.sources.nvml.capture import RecordingBackend, read_capture
 from vgpumon.testing import scenarios
 
 IDLE_FULL = DATA / "h200-idle-full.jsonl.gz"  # recorded with --slow-every 2

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import LiveBackend
+from vgpumon.sources.nvml.backend import LiveBackend
 from vgpumon.testing import fake_nvml
 
 TIMEOUT, NOT_SUPPORTED, GPU_IS_LOST, UNKNOWN = 10, 3, 15, 999

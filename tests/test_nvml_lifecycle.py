@@ -10,14 +10,14 @@ from conftest import H200_CAPTURE, read_all, replay_into
 
 from vgpumon.diagnose import build_report
 from vgpumon.sources.nvml import NVML_MEMORY_V2
-from vgpumon.sources.nvml_backend import (
+from vgpumon.sources.nvml.backend import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
-    read_capture,
 )
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.testing import scenarios
 
 

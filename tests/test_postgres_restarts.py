@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.store import open_store
 from vgpumon.store.engine import make_engine
 from vgpumon.store.retention import Retention

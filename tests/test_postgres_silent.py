@@ -17,7 +17,7 @@ from vgpumon.agent import Agent
 from vgpumon.alerts.runner import RuleRunner
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import read_capture
+from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.store import open_store
 from vgpumon.store.engine import make_engine
 from vgpumon.store.spool import Backlog

@@ -62,7 +62,7 @@ def test_recorded_pace_follows_the_captures_timestamps_not_the_interval(tmp_path
     """The H200 capture at 25 times its pace (ticks 40 ms apart, 3 s in all) with an interval of
     1 s: each tick is taken in no earlier than its recorded offset, and the whole replay takes
     about the capture's 3 s, not the 75 s that pacing by the interval would."""
-    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.sources.nvml.capture import ReplayBackend
 
     capture, stamps = _retimed(tmp_path, 0.04)
     seen: list[tuple[float, float]] = []
@@ -81,7 +81,7 @@ def test_recorded_pace_after_a_gap_in_the_capture_keeps_each_tick_on_time(tmp_pa
     """A capture with a 1.5 s gap (the recorder paused): the tick after the gap comes when its
     recorded offset says, and so does every later one — no tick held back by the gap's wait
     taken twice (that showed as a stale ``/metrics`` for the gap's length, then a burst)."""
-    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.sources.nvml.capture import ReplayBackend
 
     header, ticks = scenarios.retime(*scenarios.load(str(H200_CAPTURE)), 0.04)
     ticks = [t if t["tick"] < 20 else {**t, "ts": t["ts"] + 1.5} for t in ticks]

@@ -26,7 +26,7 @@ from rules_support import (
     with_slowdown_threshold,
 )
 
-from vgpumon.sources.nvml_backend import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST
+from vgpumon.sources.nvml.backend import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST
 from vgpumon.testing import scenarios
 
 MEMORY_V2 = {"version": 33554472}  # the kwargs of the recorded memory-info v2 call

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from vgpumon.agent import Agent
 from vgpumon.diagnose import build_report
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
+from vgpumon.sources.nvml.capture import ReplayBackend, read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 

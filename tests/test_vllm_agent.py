@@ -12,7 +12,7 @@ from vllm_support import ServerThread, shared_dir
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.sources.vllm import ServerState, VllmSource
 from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.store import open_store

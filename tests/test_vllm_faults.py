@@ -19,7 +19,7 @@ from vllm_support import ServerThread, shared_dir, source
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import ReplayBackend
+from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.sources.vllm import ServerState, VllmProcess, VllmSource
 from vgpumon.sources.vllm.discovery import NoProcesses, ProcessUsage
 from vgpumon.store import open_store

@@ -19,7 +19,7 @@ from exporter_support import scrape
 from vgpumon.agent import Agent
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.sources.nvml import NvmlSource
-from vgpumon.sources.nvml_backend import ReplayBackend, read_capture
+from vgpumon.sources.nvml.capture import ReplayBackend, read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 

@@ -572,7 +572,8 @@ def record(
     )
     from vgpumon.agent import Agent
     from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import LiveBackend, RecordingBackend
+    from vgpumon.sources.nvml.backend import LiveBackend
+    from vgpumon.sources.nvml.capture import RecordingBackend
 
     a = settings.agent
     slow = a.slow_every or 10

@@ -148,7 +148,7 @@ def run(plan: dict[str, Any]) -> int:
     from vgpumon.agent import Agent
     from vgpumon.sources.host import HostSource
     from vgpumon.sources.nvml import NvmlSource
-    from vgpumon.sources.nvml_backend import ReplayBackend
+    from vgpumon.sources.nvml.capture import ReplayBackend
     from vgpumon.store import open_store
     from vgpumon.store.retention import Retention
     from vgpumon.store.spool import Backlog

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from vgpumon.base.pacing import next_slot
 from vgpumon.base.workers import DaemonExecutor, Latch, name_os_thread
 from vgpumon.model import HostSample, NvmlReading
-from vgpumon.sources.nvml_backend import EndOfCapture
+from vgpumon.sources.nvml.backend import EndOfCapture
 
 if TYPE_CHECKING:
     pass

@@ -38,7 +38,7 @@ from vgpumon.base.workers import DaemonExecutor, Latch, name_os_thread
 from vgpumon.model import HostSample, NvmlReading, Snapshot
 from vgpumon.sources.host import HostSource
 from vgpumon.sources.nvml import CLOCK_STEP_SECONDS, NvmlSource
-from vgpumon.sources.nvml_backend import EndOfCapture
+from vgpumon.sources.nvml.backend import EndOfCapture
 from vgpumon.store import Store
 from vgpumon.store.spool import Backlog
 from vgpumon.store.tables import TickRows

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpumon.model import GpuIdentity
-from vgpumon.sources.nvml_backend import NVML_ERROR_GPU_IS_LOST
+from vgpumon.sources.nvml.backend import NVML_ERROR_GPU_IS_LOST
 from vgpumon.testing import scenarios, sysfs
 
 GPUS = 8

@@ -45,7 +45,7 @@ import itertools
 import json
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from vgpumon.sources.nvml_backend import ReplayBackend, iter_capture
+from vgpumon.sources.nvml.capture import ReplayBackend, iter_capture
 
 Ticks = Iterable[dict[str, Any]]
 
@@ -360,7 +360,7 @@ def write(path: Any, header: dict[str, Any], ticks: Ticks) -> None:
     """Write a (transformed) capture to a file that ``vgpumon agent --replay`` reads."""
     from pathlib import Path
 
-    from vgpumon.sources.nvml_backend import _open_text
+    from vgpumon.sources.nvml.capture import _open_text
 
     with _open_text(Path(path), "w") as f:
         f.write(json.dumps(header) + "\n")

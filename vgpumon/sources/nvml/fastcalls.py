@@ -19,7 +19,7 @@ import ctypes
 import struct
 from typing import Any, Callable, Sequence
 
-from vgpumon.sources.nvml_plain import _VALUE_MEMBERS, to_plain
+from vgpumon.sources.nvml.plain import _VALUE_MEMBERS, to_plain
 
 #: nvml.h ``NVML_ERROR_INSUFFICIENT_SIZE``: the process list needs a larger array.
 _INSUFFICIENT_SIZE = 7

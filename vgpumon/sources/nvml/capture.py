@@ -1,0 +1,415 @@
+"""Captures: ``RecordingBackend`` writes each call's answer per tick (JSON Lines, gzip), masked on
+request; ``ReplayBackend`` answers from one, streamed a tick at a time, so a replay runs the
+collector code that runs on hardware. Format version 1 (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import io
+import itertools
+import json
+import math
+import socket
+import time
+import zlib
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
+
+from vgpumon.base.errors import CaptureFormatError
+from vgpumon.sources.nvml.backend import (
+    CAPTURE_FORMAT_VERSION,
+    NOT_IN_CAPTURE,
+    EndOfCapture,
+    NvmlBackend,
+    NvmlCallError,
+)
+
+MASKED_HOST = "masked-host"
+
+def _masked(fn: str, scope: Any, value: Any) -> Any:
+    """Replace identifying answers (UUID, serial) with stable neutral ones per device index."""
+    if fn == "nvmlDeviceGetUUID" and isinstance(value, str):
+        return f"GPU-00000000-0000-4000-8000-{int(scope):012d}"
+    if fn == "nvmlDeviceGetSerial" and isinstance(value, str):
+        return f"{int(scope):013d}"
+    return value
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+    return open(path, mode, encoding="utf-8")
+
+#: A call that took this long or more carries its duration in a capture (``"d"``, seconds); a
+#: replay reproduces durations of ``REPLAY_DELAY_MIN_S`` or more (a slow or wedged call), not the
+#: microseconds of ordinary calls.
+RECORD_DURATION_MIN_S = 0.001
+
+REPLAY_DELAY_MIN_S = 0.01
+
+def _timed(outcome: dict[str, Any], t0: float) -> dict[str, Any]:
+    took = time.perf_counter() - t0
+    if took >= RECORD_DURATION_MIN_S:
+        outcome["d"] = round(took, 6)
+    return outcome
+
+def _encode_outcome(value: Any = None, error: NvmlCallError | None = None) -> dict[str, Any]:
+    if error is not None:
+        return {"e": error.code}
+    return {"v": value}
+
+class RecordingBackend:
+    """Wraps a backend and writes every call's answer per tick to a capture file.
+
+    Args:
+        inner: the backend that really answers (``LiveBackend`` on hardware).
+        path: capture file; ``.gz`` compresses.
+        mask: replace GPU UUIDs, serials and the host name with neutral values.
+        meta: extra header fields (interval, command line, ...).
+    """
+
+    def __init__(
+        self,
+        inner: NvmlBackend,
+        path: str | Path,
+        *,
+        mask: bool = False,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._inner = inner
+        self._mask = mask
+        self._file = _open_text(Path(path), "w")
+        header = {
+            "vgpumon_capture": CAPTURE_FORMAT_VERSION,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": MASKED_HOST if mask else socket.gethostname(),
+            "masked": mask,
+            **(meta or {}),
+        }
+        self._file.write(json.dumps(header) + "\n")
+        self._tick = -1
+        self._ts: float | None = None
+        self._calls: list[list[Any]] = []
+        self.ticks_written = 0
+
+    def _flush_tick(self) -> None:
+        if self._calls or self._tick == -1:
+            line = {"tick": self._tick, "ts": self._ts, "calls": self._calls}
+            self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+            if self._tick >= 0:
+                self.ticks_written += 1
+        self._calls = []
+
+    def _record(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any], call: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            value = call()
+        except NvmlCallError as exc:
+            self._calls.append([scope, fn, list(args), dict(kwargs), _timed(_encode_outcome(error=exc), t0)])
+            raise
+        stored = _masked(fn, scope, value) if self._mask else value
+        if fn == "gpm" and value is not None:
+            stored = {
+                str(k): ({"e": v.code} if isinstance(v, NvmlCallError) else v) for k, v in value.items()
+            }
+        self._calls.append([scope, fn, list(args), dict(kwargs), _timed(_encode_outcome(stored), t0)])
+        return _masked(fn, scope, value) if self._mask else value
+
+    def init(self) -> None:
+        self._record("sys", "nvmlInit", (), {}, self._inner.init)
+
+    def shutdown(self) -> None:
+        # The file stays open: a re-initialisation mid-run (driver reload) shuts NVML down and
+        # starts it again within one capture. ``close()`` ends the capture.
+        self._inner.shutdown()
+
+    def close(self) -> None:
+        """Write the pending tick and close the file (idempotent)."""
+        if not self._file.closed:
+            self._flush_tick()
+            self._file.close()
+
+    def begin_tick(self, ts: float) -> float:
+        ts = self._inner.begin_tick(ts)
+        self._flush_tick()
+        self._tick += 1
+        self._ts = ts
+        return ts
+
+    def system(self, fn: str, *args: Any) -> Any:
+        return self._record("sys", fn, args, {}, lambda: self._inner.system(fn, *args))
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        return self._record(index, fn, args, kwargs, lambda: self._inner.device(index, fn, *args, **kwargs))
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        return self._record(index, "gpm", [list(metric_ids)], {}, lambda: self._inner.gpm(index, metric_ids))
+
+    def forget_device(self, index: int) -> None:
+        self._inner.forget_device(index)
+
+    def xid_poll(self) -> list[dict[str, Any]]:
+        return self._record("sys", "xid_poll", (), {}, self._inner.xid_poll)
+
+    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+        return self._record(index, "pcie_throughput", (), kwargs, lambda: self._inner.pcie_throughput(index, **kwargs))
+
+def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+def _shape_error(tick: Any) -> str | None:
+    """What is wrong with the shape of one tick line, ``None`` when nothing is."""
+    if not isinstance(tick, dict):
+        return "not a JSON object"
+    if not _is_int(tick.get("tick")):
+        return '"tick" is not an integer'
+    if tick["tick"] >= 0 and not _is_number(tick.get("ts")):
+        return '"ts" is not a number of seconds'
+    calls = tick.get("calls")
+    if not isinstance(calls, list):
+        return '"calls" is not a list'
+    for call in calls:
+        if not (isinstance(call, list) and len(call) == 5):
+            return "a call is not [scope, function, args, kwargs, outcome]"
+        scope, fn, args, kwargs, outcome = call
+        if not (scope == "sys" or _is_int(scope)) or not isinstance(fn, str):
+            return "a call's scope or function name has the wrong type"
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            return f"{fn}: args or kwargs have the wrong type"
+        if not isinstance(outcome, dict) or not (("v" in outcome) ^ ("e" in outcome)):
+            return f"{fn}: outcome is not {{\"v\": value}} or {{\"e\": code}}"
+        if "d" in outcome and not _is_number(outcome["d"]):
+            return f"{fn}: duration is not a number of seconds"
+        if "e" in outcome and not _is_int(outcome["e"]):
+            return f"{fn}: error code is not an integer"
+    return None
+
+def _check_header(path: Path, first: str | None) -> dict[str, Any]:
+    if not first or not first.strip():
+        raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
+    try:
+        header = json.loads(first)
+    except (json.JSONDecodeError, RecursionError):
+        raise CaptureFormatError(f"{path} is not a vgpumon capture (line 1 is not JSON)") from None
+    if not isinstance(header, dict) or "vgpumon_capture" not in header:
+        raise CaptureFormatError(f"{path} is not a vgpumon capture (no header)")
+    if header["vgpumon_capture"] != CAPTURE_FORMAT_VERSION:
+        raise CaptureFormatError(
+            f"{path} has capture format {header['vgpumon_capture']!r}, this vgpumon reads {CAPTURE_FORMAT_VERSION}"
+        )
+    if "slow_every" in header and not (_is_int(header["slow_every"]) and header["slow_every"] >= 1):
+        raise CaptureFormatError(f"{path}:1: header \"slow_every\" is not a positive integer")
+    return header
+
+def _read_error(path: Path, exc: BaseException, where: str = "") -> CaptureFormatError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+    return CaptureFormatError(f"cannot read capture {path}{where}: {reason}")
+
+#: The longest capture line read (characters). A recorded tick of 8 GPUs is about 40 kB and the
+#: init block a few hundred; a longer line is not a vgpumon capture's, and reading it whole (a
+#: multi-gigabyte file without a newline) would end in MemoryError instead of a clear error.
+MAX_LINE_CHARS = 64 << 20
+
+def _line(path: Path, f: IO[str], n: int) -> str:
+    """Line ``n`` of an open capture ('' at the end), at most ``MAX_LINE_CHARS`` long.
+
+    Raises:
+        CaptureFormatError: the line is longer.
+    """
+    line = f.readline(MAX_LINE_CHARS + 1)
+    if len(line) > MAX_LINE_CHARS:
+        raise CaptureFormatError(
+            f"{path}:{n}: a capture line over {MAX_LINE_CHARS >> 20} Mi characters: not a vgpumon capture, or damaged"
+        )
+    return line
+
+def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
+    """The ticks of an open capture after its header line, one line at a time, each checked for
+    its shape; a capture without a single tick is an error too (a header only: the recording was
+    stopped at once)."""
+    n = 1
+    seen = False
+    try:
+        while line := _line(path, f, n + 1):
+            n += 1
+            if not line.strip():
+                continue
+            try:
+                tick = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise CaptureFormatError(f"{path}:{n}: malformed capture line (not JSON)") from None
+            problem = _shape_error(tick)
+            if problem:
+                raise CaptureFormatError(f"{path}:{n}: malformed capture line ({problem})")
+            seen = seen or tick["tick"] >= 0
+            yield tick
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        raise _read_error(path, exc, f" after line {n}") from None
+    if not seen:
+        raise CaptureFormatError(f"{path} holds no ticks (a header only: was the recording stopped at once?)")
+
+def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """Open a capture and read it as it is consumed: its header now, its ticks one line at a time.
+
+    Replaying a capture this way takes the memory of one tick, whatever its length (an 8-GPU
+    hour read whole took about 290 MB).
+
+    Returns:
+        ``(header, ticks)``; ``ticks`` yields in file order, the init block (``tick == -1``)
+        first, and closes the file when exhausted (or garbage-collected).
+
+    Raises:
+        CaptureFormatError: the file is missing or unreadable, not a vgpumon capture or of an
+            unknown format version; while iterating, a line that is not JSON or has fields of
+            the wrong type (its number is named), a truncated file, or no tick at all.
+    """
+    path = Path(path)
+    try:
+        f = _open_text(path, "r")
+        first = _line(path, f, 1) or None
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        raise _read_error(path, exc) from None
+    try:
+        header = _check_header(path, first)
+    except CaptureFormatError:
+        f.close()
+        raise
+
+    def ticks() -> Iterator[dict[str, Any]]:
+        with f:
+            yield from _tick_lines(path, f)
+
+    return header, ticks()
+
+def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a whole capture file into memory (``iter_capture`` streams it instead).
+
+    Returns:
+        ``(header, ticks)``; ``ticks`` in file order, the init block (``tick == -1``) first.
+
+    Raises:
+        CaptureFormatError: as ``iter_capture``, for the whole file at once.
+    """
+    header, ticks = iter_capture(path)
+    return header, list(ticks)
+
+class ReplayBackend:
+    """Answers NVML calls from a capture, one recorded tick per ``begin_tick``.
+
+    A call is answered from the current tick's recorded answers for the same function and
+    arguments (in recorded order when made several times), else from the init block; a call
+    the capture never saw raises ``NvmlCallError(NOT_IN_CAPTURE)``.
+
+    The capture is read as the replay goes (``iter_capture``), one tick at a time, so a replay's
+    memory does not grow with its length; a malformed line therefore surfaces when the replay
+    reaches it (``begin_tick`` raises ``CaptureFormatError``). ``replays_time`` tells the agent
+    that tick times come from the capture.
+
+    Args:
+        path: capture file written by ``RecordingBackend`` (``vgpumon record``).
+        ticks: ticks (with ``header``) instead of ``path``, for derived scenarios; any iterable,
+            consumed once, the init block (``tick == -1``) first when there is one.
+    """
+
+    replays_time = True
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        header: Mapping[str, Any] | None = None,
+        ticks: Iterable[Mapping[str, Any]] | None = None,
+    ) -> None:
+        if path is not None:
+            header, ticks = iter_capture(path)
+        if header is None or ticks is None:
+            raise ValueError("ReplayBackend needs a path or header and ticks")
+        self.header = dict(header)
+        stream = iter(ticks)
+        first = next(stream, None)
+        self._init: dict[str, list[dict[str, Any]]] = {}
+        if first is not None and first["tick"] < 0:
+            self._init = self._index(first["calls"])
+            first = next(stream, None)
+        # The first tick is read now, so that a capture without ticks, or whose first tick is
+        # malformed, is refused before the caller creates anything (a store); later lines are
+        # read as the replay reaches them.
+        if first is not None:
+            stream = itertools.chain([first], stream)
+        self._ticks: Iterator[Mapping[str, Any]] = (t for t in stream if t["tick"] >= 0)
+        self._current: dict[str, list[dict[str, Any]]] = {}
+
+    @staticmethod
+    def _index(calls: Sequence[Sequence[Any]]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for scope, fn, args, kwargs, outcome in calls:
+            out.setdefault(_key(scope, fn, args, kwargs), []).append(outcome)
+        return out
+
+    def _answer(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        key = _key(scope, fn, args, kwargs)
+        queue = self._current.get(key) or self._init.get(key)
+        if not queue:
+            raise NvmlCallError(NOT_IN_CAPTURE, fn)
+        outcome = queue.pop(0) if len(queue) > 1 else queue[0]
+        delay = outcome.get("d")
+        if isinstance(delay, (int, float)) and delay >= REPLAY_DELAY_MIN_S:
+            time.sleep(delay)  # a slow or wedged call, as recorded (or as a scenario made it)
+        if "e" in outcome:
+            raise NvmlCallError(int(outcome["e"]), fn)
+        return outcome["v"]
+
+    def init(self) -> None:
+        self._answer("sys", "nvmlInit", (), {})
+
+    def shutdown(self) -> None:
+        pass
+
+    def begin_tick(self, ts: float) -> float:
+        try:
+            tick = next(self._ticks)
+        except StopIteration:
+            raise EndOfCapture from None
+        self._current = self._index(tick["calls"])
+        return float(tick["ts"])
+
+    def system(self, fn: str, *args: Any) -> Any:
+        return self._answer("sys", fn, args, {})
+
+    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+        return self._answer(index, fn, args, kwargs)
+
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+        raw = self._answer(index, "gpm", [list(metric_ids)], {})
+        if raw is None:
+            return None
+        return {
+            int(k): (NvmlCallError(int(v["e"]), "nvmlGpmMetricsGet") if isinstance(v, dict) else v)
+            for k, v in raw.items()
+        }
+
+    def forget_device(self, index: int) -> None:
+        pass
+
+    def xid_poll(self) -> list[dict[str, Any]]:
+        return list(self._answer("sys", "xid_poll", (), {}) or [])
+
+    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            return self._answer(index, "pcie_throughput", (), kwargs)
+        except NvmlCallError as exc:
+            if exc.code != NOT_IN_CAPTURE:
+                raise
+        # ``period`` is how often the live backend polls, not part of the answer: a capture
+        # recorded while the cross-check polled at another cadence answers the same
+        prefix = _key(index, "pcie_throughput", (), {})[:-3]  # the key without its "{}]"
+        for key in self._current:
+            if key.startswith(prefix):
+                return self._answer(index, "pcie_throughput", (), json.loads(key)[3])
+        raise NvmlCallError(NOT_IN_CAPTURE, "pcie_throughput")
