@@ -1,12 +1,18 @@
 #!/bin/bash
 # Issue "agent footprint": every comparison in one run on a GPU host (docs/benchmarks.md,
-# "Agent footprint"). Writes its reports under $OUT (default /tmp/vgpumon-footprint).
+# "Agent footprint"). Writes its reports into the folder the caller names:
+#
+#   OUT=DIR bash bench/h200_footprint.sh
+#
+# No default folder, so that a run is never mistaken for another: the newest fresh-machine run is
+# kept under the one stable name bench/results/footprint-h200/ (copy DIR's files there; the runs
+# before it are in git history).
 #
 # Python files are compiled first (.pyc), as `pip install` leaves them on a user's host: without
 # them every start compiles the sources again, and the compiler's memory stays in the process's
 # resident set (+2 to +9 MB measured on the H200).
 set -u
-OUT=${OUT:-/tmp/vgpumon-footprint}
+OUT=${OUT:?set OUT to the folder for the reports of this run (kept copy: bench/results/footprint-h200/)}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 env -u PYTHONDONTWRITEBYTECODE $PY -m compileall -q vgpumon bench > /dev/null
