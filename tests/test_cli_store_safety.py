@@ -378,6 +378,23 @@ def test_the_agent_stops_cleanly_on_a_signal_at_any_moment(tmp_path, sig, after)
     assert "vgpumon agent: " in err and ("ticks of" in err or "stopped while starting, before the first tick" in err), err
 
 
+def test_a_stop_a_library_swallowed_before_the_exec_still_stops_the_agent():
+    """CI met it once: a SIGTERM 0.1 s after start landed where a library ate its
+    ``KeyboardInterrupt``; the noted stop died with the exec and the replay ran on for minutes.
+    The exec honours the note instead: exit 0, one line, no agent started."""
+    code = (
+        "from vgpumon.base import signals\n"
+        "signals._stop_asked = True\n"
+        "from vgpumon.agent import process\n"
+        "process.exec_agent({'version': process.PLAN_VERSION}, ['agent'])\n"
+        "print('exec returned')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped while starting, before the first tick" in proc.stderr
+    assert "exec returned" not in proc.stdout and "Traceback" not in proc.stderr
+
+
 @pytest.mark.skipif(SCRIPT is None, reason="the vgpumon console script is not installed (pip install -e .)")
 def test_other_commands_exit_130_on_ctrl_c(silent_postgres):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}

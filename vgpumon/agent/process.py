@@ -342,6 +342,11 @@ def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
     # instead of stopping it (0), a stray SIGALRM would end it (-14): the signal mask survives
     # exec, so hold them until ``main`` has its handlers.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_ACROSS_EXEC)
+    if stop_asked():
+        # a stop whose KeyboardInterrupt a library swallowed while the CLI started: the flag dies
+        # with this image, so honour it here (signals held: none can slip in between)
+        os.close(fd)
+        exit_interrupted(["agent"])
     try:
         os.write(fd, json.dumps(plan).encode())
         os.lseek(fd, 0, os.SEEK_SET)
