@@ -28,100 +28,57 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from vgpumon import __version__, catalogue
+from vgpumon import __version__
 from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
 from vgpumon.base.listen import ExporterConfig
 from vgpumon.base.pcie import link_capacity_bytes_per_second
-from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS, XID_NAMES
+from vgpumon.exporter.plans import (
+    AGE,
+    ALERTS,
+    BACKLOG,
+    BUILD_INFO,
+    CAPACITY,
+    FAMILIES,
+    GPU_FAST,
+    GPU_INFO,
+    GPU_SLOW,
+    GPU_UP,
+    HOLDER,
+    HOLDERS,
+    HOST,
+    IDENTITY,
+    INFO_LABELS,
+    PROCESS,
+    REASON_BITS,
+    REASONS,
+    REJECTED,
+    ROWS_FOLDED,
+    SHARE,
+    SLOPE,
+    SLOW_NAMES,
+    SOURCE_DURATION,
+    SOURCE_SUCCESS,
+    SOURCE_UP,
+    STATS,
+    UPSTREAM_CAPACITY,
+    UPSTREAM_GPU,
+    XID,
+    XID_CODES,
+    add_values,
+)
+from vgpumon.exporter.servers import VllmSeries
 from vgpumon.exporter.text import Family, Labels, metrics, render
-from vgpumon.model import GpuIdentity, GpuSample, HostSample, ServerSample, ServerState, Snapshot, SourceStatus
+from vgpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, SourceStatus
 
 if TYPE_CHECKING:
     from vgpumon.exporter.view import AgentView, VllmView
     from vgpumon.model import PcieTopology
     from vgpumon.store.spool import Backlog
-
-_F = catalogue.get
-
-# What each group of catalogue fields reads from, as (attribute, family, extra label or None).
-# Built once from the catalogue, so a field added there with a Prometheus name is served here.
-_Plan = tuple[tuple[str, str, "tuple[str, str] | None"], ...]
-#: Fields not read every tick: ``/metrics`` serves each one's newest read.
-_SLOW_CADENCES = ("slow", "minute")
-
-
-def _plan(table: str | None, *, skip: Iterable[str] = (), slow: bool | None = None) -> _Plan:
-    """``slow``: only the fields read less often than every tick (True), only the others (False)."""
-    out = []
-    for f in catalogue.fields_of(table):
-        if f.prometheus is None or f.name in skip:
-            continue
-        if slow is not None and (f.cadence in _SLOW_CADENCES) != slow:
-            continue
-        extra = next(iter(f.prom_labels.items())) if f.prom_labels else None
-        out.append((f.name, f.prometheus, extra))
-    return tuple(out)
-
-
-_GPU_SPECIAL = {"up", "clocks_event_reasons"}
-_GPU_FAST = _plan("gpu_samples", skip=_GPU_SPECIAL, slow=False)
-_GPU_SLOW = _plan("gpu_samples", skip=_GPU_SPECIAL, slow=True)
-_SLOW_NAMES = tuple(f.name for f in catalogue.fields_of("gpu_samples") if f.cadence in _SLOW_CADENCES)
-_IDENTITY = _plan("gpus")
-_INFO_LABELS = tuple((f.name, f.prom_label) for f in catalogue.fields_of("gpus") if f.prom_label and f.name != "uuid")
-_PROCESS = {f.name: f.prometheus for f in catalogue.fields_of("gpu_process_samples")}
-_HOST = _plan("host_samples")
-_VLLM = _plan("vllm_samples", skip={"state", "telemetry_up", "telemetry", "latency_unreliable"})
-_TELEMETRY = _F("vllm_samples", "telemetry")
-_UNRELIABLE = _F("vllm_samples", "latency_unreliable")
-#: latency percentile fields per histogram (``ttft`` → its p50/p95/p99 fields)
-_LATENCY_FIELDS = {
-    h: frozenset(name for name, _, _ in _VLLM if name.startswith(f"{h}_p")) for h in (_UNRELIABLE.decode or {}).values()
-}
-_ENGINE = _plan("vllm_engine_samples")
-_INSTANCE = _plan("vllm_instances")
-_FAMILIES = catalogue.families()
-
-GPU_INFO = catalogue.INFO_METRICS["gpus"]
-SERVER_INFO = catalogue.INFO_METRICS["vllm_instances"]
-BUILD_INFO = catalogue.INFO_METRICS["agent"]
-_GPU_UP = _F("gpu_samples", "up").prometheus
-_REASONS = _F("gpu_samples", "clocks_event_reasons").prometheus
-_XID = _F("xid_events", "xid").prometheus
-_STATE = _F("vllm_samples", "state").prometheus
-_TELEMETRY_UP = _F("vllm_samples", "telemetry_up").prometheus
-_CAPACITY = _F("exporter", "pcie_link_capacity_bytes_per_second").prometheus
-_SHARE = {d: _F("exporter", f"pcie_{d}_link_share_ratio").prometheus for d in ("tx", "rx")}
-_AGE = _F("exporter", "sample_age_seconds").prometheus
-_SLOPE = _F("exporter", "memory_used_slope_bytes_per_second").prometheus
-_SERVER_GPU = _F("exporter", "server_gpu_info").prometheus
-_READY = _F("exporter", "vllm_ready_timestamp_seconds").prometheus
-_UPSTREAM_GPU = _F("exporter", "pcie_upstream_gpu_info").prometheus
-_UPSTREAM_CAPACITY = _F("exporter", "pcie_upstream_link_capacity_bytes_per_second").prometheus
-_HOLDER = _F("exporter", "kubernetes_holder_info").prometheus
-_HOLDERS = _F("exporter", "kubernetes_holders").prometheus
-_ALERTS = _F("exporter", "alerts").prometheus
-_SOURCE_UP = _F("agent", "source_up").prometheus
-_SOURCE_DURATION = _F("agent", "source_collect_duration_seconds").prometheus
-_SOURCE_SUCCESS = _F("agent", "source_last_success_timestamp_seconds").prometheus
-_REJECTED = _F("agent", "rejected_values_total").prometheus
-_BACKLOG = _F("agent", "backlog_rows").prometheus
-_ROWS_WRITTEN = _F("agent", "gpu_rows_written_total").prometheus
-_ROWS_FOLDED = _F("agent", "rows_folded_total").prometheus
-_OUTAGES = _F("agent", "store_outages_total").prometheus
-_TICKS = _F("agent", "ticks_total").prometheus
-#: (family, AgentStats attribute) of the agent's counters
-_STATS = (
-    (_ROWS_WRITTEN, "rows_written"), (_OUTAGES, "outages"), (_TICKS, "ticks"),
-    (_F("agent", "ticks_skipped_total").prometheus, "ticks_skipped"),
-    (_F("agent", "store_stalls_total").prometheus, "store_stalls"),
-    (_F("agent", "dead_letters_total").prometheus, "dead_letters"),
-)
 
 #: Every label name ``/metrics`` uses, and what it names. Identity only: a label whose value
 #: changed with a reading would start a new series every scrape (FACTS §7). A series has at most
@@ -159,13 +116,10 @@ LABEL_NAMES: dict[str, str] = {
 }
 MAX_LABELS = 8
 
-_XID_CODES = tuple(sorted(XID_NAMES))
-_REASON_BITS = tuple(sorted(CLOCKS_EVENT_REASONS.items()))
-_STATES = tuple(s.value for s in ServerState)
 _CACHE_MAX = 4096  # label sets kept across scrapes; identities change rarely, so this is a guard
 
 
-class MetricsExporter(Collector):
+class MetricsExporter(VllmSeries, Collector):
     """A prometheus-client collector over the agent's newest snapshot, and the text it serves.
 
     Args:
@@ -209,7 +163,7 @@ class MetricsExporter(Collector):
         self.backlog = backlog
         self.topology = topology
         self.monotonic = monotonic
-        self._order = [n for n in _FAMILIES if selection is None or n in selection]
+        self._order = [n for n in FAMILIES if selection is None or n in selection]
         self._snap: Snapshot | None = None
         self._received = 0.0
         self._host: HostSample | None = None
@@ -252,12 +206,12 @@ class MetricsExporter(Collector):
                 if s.uuid in self._slow:
                     slow = slow if slow is not None else dict(self._slow)
                     slow.pop(s.uuid, None)
-            elif any(getattr(s, n) is not None or n in s.missing for n in _SLOW_NAMES):
+            elif any(getattr(s, n) is not None or n in s.missing for n in SLOW_NAMES):
                 # field by field: a slow tick need not read every slow field (the minute set is
                 # read once a minute); one it did not read keeps its newest read
                 slow = slow if slow is not None else dict(self._slow)
                 kept = dict(slow.get(s.uuid, {}))
-                for n in _SLOW_NAMES:
+                for n in SLOW_NAMES:
                     value = getattr(s, n)
                     if value is not None:
                         kept[n] = value
@@ -288,7 +242,7 @@ class MetricsExporter(Collector):
 
     def families(self) -> list[Family]:
         """Every selected family with this scrape's samples, in catalogue order."""
-        fams = {name: Family(name, *_FAMILIES[name]) for name in self._order}
+        fams = {name: Family(name, *FAMILIES[name]) for name in self._order}
         if len(self._labels) > _CACHE_MAX:
             self._labels.clear()
         fresh = self.fresh()
@@ -326,45 +280,45 @@ class MetricsExporter(Collector):
             if (fam := fams.get(GPU_INFO)) is not None:
                 info = self._labels.get(("info", g))
                 if info is None:
-                    extra = [(label, _label_value(getattr(g, name))) for name, label in _INFO_LABELS if getattr(g, name) is not None]
+                    extra = [(label, _label_value(getattr(g, name))) for name, label in INFO_LABELS if getattr(g, name) is not None]
                     info = self._labels[("info", g)] = Labels((*plain.items, *extra))
                 fam.add(info, 1.0)
-            _add_values(fams, base, g, _IDENTITY)
+            add_values(fams, base, g, IDENTITY)
             capacity = link_capacity_bytes_per_second(g.pcie_link_gen_max, g.pcie_link_width_max)
-            if capacity is not None and (fam := fams.get(_CAPACITY)) is not None:
+            if capacity is not None and (fam := fams.get(CAPACITY)) is not None:
                 fam.add(base, capacity)
-            if (fam := fams.get(_XID)) is not None:
+            if (fam := fams.get(XID)) is not None:
                 counts = s.xid_counts
-                codes = _XID_CODES if not counts else sorted({*_XID_CODES, *counts})
+                codes = XID_CODES if not counts else sorted({*XID_CODES, *counts})
                 for code in codes:
                     fam.add(base.plus("xid", str(code)), float(counts.get(code, 0)))
             if attribution is not None and attribution.holders:
-                if (fam := fams.get(_HOLDER)) is not None:
+                if (fam := fams.get(HOLDER)) is not None:
                     for holder in attribution.holders:
                         fam.add(self._holder_labels(plain, holder.labels()), 1.0)
-                if (fam := fams.get(_HOLDERS)) is not None:
+                if (fam := fams.get(HOLDERS)) is not None:
                     fam.add(plain, float(len(attribution.holders)))
             up = fresh and s.up
-            if (fam := fams.get(_GPU_UP)) is not None:
+            if (fam := fams.get(GPU_UP)) is not None:
                 fam.add(base, 1.0 if up else 0.0)
-            if (fam := fams.get(_AGE)) is not None:
+            if (fam := fams.get(AGE)) is not None:
                 fam.add(base, now_age)
             if not up:
                 continue
-            _add_values(fams, base, s, _GPU_FAST)
+            add_values(fams, base, s, GPU_FAST)
             slow = self._slow.get(g.uuid)
             if slow is not None:
-                _add_values(fams, base, slow, _GPU_SLOW)
+                add_values(fams, base, slow, GPU_SLOW)
             reasons = s.clocks_event_reasons
-            if reasons is not None and (fam := fams.get(_REASONS)) is not None:
-                for bit, name in _REASON_BITS:
+            if reasons is not None and (fam := fams.get(REASONS)) is not None:
+                for bit, name in REASON_BITS:
                     fam.add(base.plus("reason", name), 1.0 if reasons & bit else 0.0)
             if capacity:
                 for d, rate in (("tx", s.pcie_tx_bytes_per_second), ("rx", s.pcie_rx_bytes_per_second)):
-                    if rate is not None and (fam := fams.get(_SHARE[d])) is not None:
+                    if rate is not None and (fam := fams.get(SHARE[d])) is not None:
                         fam.add(base, rate / capacity)
             slope = slopes.get(g.uuid)
-            if slope is not None and (fam := fams.get(_SLOPE)) is not None:
+            if slope is not None and (fam := fams.get(SLOPE)) is not None:
                 fam.add(base, slope)
             if s.processes:
                 self._processes(fams, snap, g, s, plain, host)
@@ -381,9 +335,9 @@ class MetricsExporter(Collector):
     ) -> None:
         k8s = snap.kubernetes
         procs = host.processes if host is not None else {}
-        used_fam = fams.get(_PROCESS["used_gpu_memory_bytes"])
-        rss_fam = fams.get(_PROCESS["rss_bytes"])
-        cpu_fam = fams.get(_PROCESS["cpu_seconds_total"])
+        used_fam = fams.get(PROCESS["used_gpu_memory_bytes"])
+        rss_fam = fams.get(PROCESS["rss_bytes"])
+        cpu_fam = fams.get(PROCESS["cpu_seconds_total"])
         for pid, used in s.processes:
             info = procs.get(pid)
             pa = k8s.processes.get((g.uuid, pid)) if k8s is not None else None
@@ -403,14 +357,14 @@ class MetricsExporter(Collector):
                     cpu_fam.add(labels, info.cpu_seconds_total)
 
     def _host_series(self, fams: dict[str, Family], host: HostSample) -> None:
-        _add_values(fams, self._host_labels, host, _HOST)
+        add_values(fams, self._host_labels, host, HOST)
 
     def _topology(self, fams: dict[str, Family], snap: Snapshot) -> None:
         topo = self.topology()
         if topo is None:
             return
         index = {g.uuid: g.index for g in snap.gpus}
-        gpu_fam, cap_fam = fams.get(_UPSTREAM_GPU), fams.get(_UPSTREAM_CAPACITY)
+        gpu_fam, cap_fam = fams.get(UPSTREAM_GPU), fams.get(UPSTREAM_CAPACITY)
         for bdf, uuids in sorted(topo.shared().items()):
             hop = topo.hop(bdf)
             port = self._host_labels.plus("port", bdf)
@@ -427,79 +381,11 @@ class MetricsExporter(Collector):
                             1.0,
                         )
 
-    # -- vLLM ------------------------------------------------------------------------------------
-
-    def _server_base(self, smp: ServerSample) -> Labels:
-        model = smp.model_names[0] if smp.model_names else ""
-        server = f"{smp.instance.host}:{smp.instance.port}"
-        return self._cached(
-            ("server", server, model),
-            lambda: Labels((("hostname", self.hostname), ("server", server), *((("model_name", model),) if model else ()))),
-        )
-
-    def _engine_labels(self, base: Labels, model: str | None, engine: str | None) -> Labels:
-        # an engine series names its own model (LoRA adapters share one server)
-        def make() -> Labels:
-            items = dict(base.items)
-            if model:
-                items["model_name"] = model
-            if engine is not None:
-                items["engine"] = engine
-            return Labels(items.items())
-
-        return self._cached(("engine", base.items, model, engine), make)
-
-    def _servers(self, fams: dict[str, Family], snap: Snapshot | None) -> None:
-        assert self.vllm is not None
-        now = self.vllm.clock()
-        too_old = 3 * self.vllm.interval
-        index = {g.uuid: g.index for g in snap.gpus} if snap is not None else {}
-        for smp in self.vllm.servers.values():
-            if smp is None or now - smp.ts > too_old:
-                continue
-            base = self._server_base(smp)
-            if (fam := fams.get(SERVER_INFO)) is not None:
-                fam.add(base.plus("version", smp.version) if smp.version else base, 1.0)
-            if (fam := fams.get(_STATE)) is not None:
-                for state in _STATES:
-                    fam.add(base.plus("state", state), 1.0 if smp.state.value == state else 0.0)
-            if smp.telemetry is not None and (fam := fams.get(_TELEMETRY_UP)) is not None:
-                fam.add(base, 0.0 if smp.telemetry == "down" else 1.0)
-            if smp.telemetry is not None and (fam := fams.get(_TELEMETRY.prometheus)) is not None:  # type: ignore[arg-type]
-                for value in (_TELEMETRY.decode or {}).values():
-                    fam.add(base.plus("telemetry", value), 1.0 if smp.telemetry == value else 0.0)
-            flagged = smp.latency_unreliable or {}
-            if (fam := fams.get(_UNRELIABLE.prometheus)) is not None:  # type: ignore[arg-type]
-                for histogram in (_UNRELIABLE.decode or {}).values():
-                    fam.add(base.plus("histogram", histogram), 1.0 if histogram in flagged else 0.0)
-            if flagged:
-                # percentiles of a histogram that cannot be true are not served: a latency alert
-                # must never fire from them (they are stored, flagged, with the reason)
-                hidden = frozenset().union(*(_LATENCY_FIELDS.get(h, ()) for h in flagged))
-                _add_values(fams, base, smp, tuple(p for p in _VLLM if p[0] not in hidden))
-            else:
-                _add_values(fams, base, smp, _VLLM)
-            _add_values(fams, base, smp, _INSTANCE)
-            for e in smp.engines:
-                _add_values(fams, self._engine_labels(base, e.model_name, e.engine), e, _ENGINE)
-            if smp.ready_ts is not None and (fam := fams.get(_READY)) is not None:
-                fam.add(base, smp.ready_ts)
-            if (fam := fams.get(_SERVER_GPU)) is not None:
-                for uuid in smp.gpu_uuids:
-                    gpu = index.get(uuid)
-                    fam.add(
-                        self._cached(
-                            ("sgpu", base.items, uuid, gpu),
-                            lambda: Labels((*base.items, ("uuid", uuid), *((("gpu", str(gpu)),) if gpu is not None else ()))),  # noqa: B023  the factory runs at once, inside this iteration (_cached)
-                        ),
-                        1.0,
-                    )
-
     # -- rules, agent ----------------------------------------------------------------------------
 
     def _alerts(self, fams: dict[str, Family]) -> None:
         assert self.rules is not None
-        fam = fams.get(_ALERTS)
+        fam = fams.get(ALERTS)
         if fam is None:
             return
         for a in self.rules.alerts():
@@ -542,7 +428,7 @@ class MetricsExporter(Collector):
         base = self._host_labels
         if (fam := fams.get(BUILD_INFO)) is not None:
             fam.add(base.plus("version", __version__), 1.0)
-        up, duration, success, rejected = (fams.get(n) for n in (_SOURCE_UP, _SOURCE_DURATION, _SOURCE_SUCCESS, _REJECTED))
+        up, duration, success, rejected = (fams.get(n) for n in (SOURCE_UP, SOURCE_DURATION, SOURCE_SUCCESS, REJECTED))
         for st in self.statuses(snap, fresh):
             labels = base.plus("source", st.name)
             if up is not None:
@@ -554,13 +440,13 @@ class MetricsExporter(Collector):
             if rejected is not None:
                 for name, count in sorted(st.rejected.items()):
                     rejected.add(labels.plus("field", name), float(count))
-        if self.backlog is not None and (fam := fams.get(_BACKLOG)) is not None:
+        if self.backlog is not None and (fam := fams.get(BACKLOG)) is not None:
             fam.add(base.plus("where", "spool"), float(self.backlog.spooled_rows))
             fam.add(base.plus("where", "memory"), float(self.backlog.memory_rows))
-        if self.backlog is not None and (fam := fams.get(_ROWS_FOLDED)) is not None:
+        if self.backlog is not None and (fam := fams.get(ROWS_FOLDED)) is not None:
             fam.add(base, float(self.backlog.folded_rows))
         if self.stats is not None:
-            for name, attr in _STATS:
+            for name, attr in STATS:
                 if (fam := fams.get(name)) is not None:
                     fam.add(base, float(getattr(self.stats, attr)))
 
@@ -575,15 +461,3 @@ def _label_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     return str(v)
-
-
-def _add_values(fams: dict[str, Family], labels: Labels, obj: Any, plan: _Plan) -> None:
-    """Add each field of ``plan`` that ``obj`` (an object, or a dict of slow values) knows."""
-    get = obj.get if isinstance(obj, dict) else (lambda name: getattr(obj, name))
-    for name, family, extra in plan:
-        value = get(name)
-        if value is None:
-            continue
-        fam = fams.get(family)
-        if fam is not None:
-            fam.add(labels.plus(*extra) if extra else labels, float(value))
