@@ -23,6 +23,9 @@ DATA = Path(__file__).parent / "data"
 H200_CAPTURE = DATA / "h200-workload.jsonl.gz"
 H200_PHASES = json.loads((DATA / "h200-workload.phases.json").read_text())
 POSTGRES_ENV = "VGPUMON_TEST_POSTGRES_URL"
+#: ``db prune`` options that roll every minute up and delete nothing: the recorded captures are
+#: from the past, and the default retentions (3 d raw, 90 d of rollups) count back from today
+KEEP_ALL = ("--raw-retention", "3650d", "--rollup-retention", "3650d")
 
 
 def phase(name: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATA
+from conftest import DATA, KEEP_ALL
 
 from vgpumon.store import open_store
 from vgpumon.testing import capacity, incident, scenarios
@@ -79,7 +79,7 @@ def test_the_recorded_copy_phase_saturates_the_incidents_gen5_switches(tmp_path)
     scenarios.write(cap, *incident.build(DATA))
     assert run("agent", "--replay", str(cap), "--db", url, "--listen", "off", "--hostname", "h8",
                "--sysfs", str(incident.sysfs_tree(DATA, tmp_path / "sys"))).returncode == 0
-    assert run("db", "prune", "--db", url).returncode == 0
+    assert run("db", "prune", "--db", url, *KEEP_ALL).returncode == 0
     (host,) = json.loads(run("capacity", "h8", "--db", url, "--json").stdout)["hosts"]
     switches = [p for p in host["shared"] if p["kind"] == "bridge"]
     assert len(switches) == 2 and all(p["saturated"] and p["cards"] == 4 for p in switches)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, H200_CAPTURE
+from conftest import DATA, H200_CAPTURE, KEEP_ALL
 
 from vgpumon.catalogue.gpu import XID_NAMES
 from vgpumon.catalogue.xid import XIDS
@@ -195,7 +195,7 @@ def test_counters_read_before_the_last_two_minutes_come_from_the_rollups(tmp_pat
 
     url = f"sqlite:///{tmp_path / 'incident.db'}"
     _replay(url, tmp_path, *incident.build(DATA), sysfs=False)
-    assert run("db", "prune", "--db", url).returncode == 0  # rolls every minute up; raw rows stay
+    assert run("db", "prune", "--db", url, *KEEP_ALL).returncode == 0  # rolls every minute up; raw rows stay
     store = Store(url, read_only=True)
     try:
         gpus = {g.identity.index: g.id for g in store.gpus_of(HOST)}

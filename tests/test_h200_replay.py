@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from conftest import H200_CAPTURE, H200_PHASES, phase, replay_into
+from conftest import H200_CAPTURE, H200_PHASES, KEEP_ALL, phase, replay_into
 
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.diagnose import build_report
@@ -99,7 +99,7 @@ def test_readme_acceptance_commands(tmp_path):
     assert gpu["sm_active"]["max_ratio"] >= 0.8
     text = subprocess.run(run + ["diagnose", "localhost", "--db", url], capture_output=True, text=True).stdout
     assert "NVIDIA H200" in text and "PCIe RX" in text and "Gen5 x16" in text
-    subprocess.run(run + ["db", "prune", "--db", url], check=True, capture_output=True)
+    subprocess.run(run + ["db", "prune", "--db", url, *KEEP_ALL], check=True, capture_output=True)
     review = subprocess.run(run + ["capacity", "--db", url, "--json"], capture_output=True, text=True)
     assert review.returncode == 0, review.stderr
     (host,) = json.loads(review.stdout)["hosts"]
