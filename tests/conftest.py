@@ -1,5 +1,9 @@
 """Shared fixtures: recorded real captures, and a store on real SQLite and (when configured)
-real Postgres. Set VGPUMON_TEST_POSTGRES_URL (``.ci/run`` does) to run every store test on both."""
+real Postgres. Set VGPUMON_TEST_POSTGRES_URL (``.ci/run`` does) to run every store test on both.
+
+The suite runs in parallel (pytest-xdist, ``-n`` in pyproject.toml): each worker gets a database
+of its own beside the configured one (``test`` → ``test_gw0``, ``test_gw1``…), created on first
+use, since the store tests empty their schema."""
 
 from __future__ import annotations
 
@@ -19,10 +23,33 @@ from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.store import Store, open_store
 from vgpumon.store.engine import make_engine
 
+#: the repository's root, and the tests' recorded data and golden outputs
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "golden"
 H200_CAPTURE = DATA / "h200-workload.jsonl.gz"
 H200_PHASES = json.loads((DATA / "h200-workload.phases.json").read_text())
 POSTGRES_ENV = "VGPUMON_TEST_POSTGRES_URL"
+
+
+def _worker_database(url: str, worker: str) -> str:
+    """``url`` with its database name suffixed by the xdist worker's id, created when missing."""
+    from sqlalchemy.engine import make_url
+
+    base = make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = make_engine(url).execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+if os.environ.get(POSTGRES_ENV) and os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ[POSTGRES_ENV] = _worker_database(os.environ[POSTGRES_ENV], os.environ["PYTEST_XDIST_WORKER"])
 #: ``db prune`` options that roll every minute up and delete nothing: the recorded captures are
 #: from the past, and the default retentions (3 d raw, 90 d of rollups) count back from today
 KEEP_ALL = ("--raw-retention", "3650d", "--rollup-retention", "3650d")
@@ -142,3 +169,40 @@ def store_of():
     yield _open
     for s in opened:
         s.close()
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 60.0, what: str = "the condition") -> None:
+    """Poll ``pred`` until it is true; fail after ``timeout`` seconds (a generous bound for a
+    loaded machine, never a wait the test relies on)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stored_ticks(db: Path) -> int:
+    """GPU rows a reader of the SQLite store ``db`` sees now (0 before it exists or is migrated)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def has_vgpumon_handlers(pid: int) -> bool:
+    """True once the ``vgpumon`` process ``pid`` has its own signal handlers (it takes SIGALRM
+    over first, ``vgpumon.base.signals``). A signal before that lands in the interpreter's own
+    start-up, where no program can handle it."""
+    import signal
+
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGALRM - 1)))
+

@@ -24,7 +24,7 @@ CUMULATIVE = frozenset(f.name for f in _REPORTED if "cumulative" in f.diagnose)
 #: Health areas of a GPU and the rules that judge each (DCGM's health watches group by system:
 #: PCIe, memory, thermal, power, driver/XID; "readable" is ours: whether NVML can read the GPU
 #: at all). Rules about how a GPU is used (memory nearly full, held idle, leaks, saturation by
-#: load) are findings, not health. ``tests/test_diagnose.py`` checks that every GPU rule is
+#: load) are findings, not health. ``tests/cli/test_diagnose.py`` checks that every GPU rule is
 #: placed in an area or in ``NOT_HEALTH``.
 HEALTH_AREAS: dict[str, tuple[str, ...]] = {
     "readable": ("GpuLost", "GpuUnreadable", "GpuMissing", "GpuStuck"),

@@ -6,7 +6,7 @@ scrape: 6.4 ms for 960 samples of three labels on the 2-core development machine
 only when its identity or owner does, so ``Labels`` escapes and joins them once and keeps the
 variants with one more label (``reason``, ``xid``, ``percentile``, ``state``) beside them. The
 text written here is byte for byte what ``generate_latest`` writes for the same families
-(``tests/test_exporter.py`` holds the two equal).
+(``tests/exporter/test_exporter.py`` holds the two equal).
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def _apply_pragmas(dbapi_connection: Any, busy_timeout_ms: int, read_only: bool)
         cur.close()
         return
     # WAL: readers (diagnose, capacity) never block the agent's writes, and the agent never
-    # blocks them (tests/test_store.py holds a read transaction open while the agent writes).
+    # blocks them (tests/store/test_store.py holds a read transaction open while the agent writes).
     cur.execute("PRAGMA journal_mode=WAL")
     # In WAL mode NORMAL is durable across application crashes and only a power loss can undo
     # the last commits; FULL would fsync on every batch for little gain in a telemetry store.

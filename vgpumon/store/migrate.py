@@ -99,7 +99,7 @@ def packaged_revisions() -> frozenset[str]:
 def packaged_head() -> str | None:
     """The head revision read from the revision files' ``revision``/``down_revision`` lines,
     without Alembic: the one revision no other revises. ``None`` when that is not exactly one
-    (a branch: only Alembic can say; ``tests/test_store.py`` checks this agrees with it)."""
+    (a branch: only Alembic can say; ``tests/store/test_store.py`` checks this agrees with it)."""
     revisions: set[str] = set()
     revised: set[str] = set()
     for path in (_script_location() / "versions").glob("*.py"):

@@ -16,7 +16,7 @@ The tables here leave the Postgres-only option to the migrations: declaring it m
 import its Postgres dialect (2 MB of an agent's memory) even for a SQLite store.
 
 The tables themselves are created by the Alembic migrations in ``vgpumon/store/migrations``; these
-definitions must match the newest revision (``tests/test_store.py`` checks it on both engines).
+definitions must match the newest revision (``tests/store/test_store.py`` checks it on both engines).
 """
 
 from __future__ import annotations

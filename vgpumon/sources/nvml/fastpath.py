@@ -1,6 +1,6 @@
 """THE optimisation: the live fast set as a straight-line read per device, generated from the
 device's plan and compiled (docs/architecture.md, "The live fast set"). Its answers must be the
-general path's (``NvmlSource.fast_path = False``); tests/test_nvml_fast_path.py holds them equal."""
+general path's (``NvmlSource.fast_path = False``); tests/sources/test_nvml_fast_path.py holds them equal."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class _FastPath:
     answered an error goes to the general path for that call (which asks it again and decides:
     not supported, lifecycle, a reason), a value outside its field's range to ``_Reader.put``
     (which decides, counts and says why). So its answers are the general path's
-    (tests/test_nvml_fast_path.py), at a fraction of the Python per value (docs/benchmarks.md,
+    (tests/sources/test_nvml_fast_path.py), at a fraction of the Python per value (docs/benchmarks.md,
     "Agent footprint"). Built per device; rebuilt when the device's "not supported" cache or
     reader changes.
     """

@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 from conftest import DATA, H200_CAPTURE, phase
 from exporter_support import Scrape, fed, scrape, snapshots
+from kubelet_support import sock_dir  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry, generate_latest
-from test_kubernetes import sock_dir  # noqa: F401 - the fixture
 
 from vgpumon.alerts.feed import AlertSample
 from vgpumon.exporter import ExporterConfig
@@ -259,7 +259,7 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     """The agent runs the Kubernetes source against a kubelet (a real gRPC server on a unix
     socket) while it replays the H200 capture: the GPU's readings carry the pod's labels and the
     source's status is served beside NVML's."""
-    from test_kubernetes import answer, container, devices, fake_kubelet, pod
+    from kubelet_support import answer, container, devices, fake_kubelet, pod
 
     from vgpumon.agent import Agent
     from vgpumon.sources.kubernetes import KubernetesSource, PodResourcesClient

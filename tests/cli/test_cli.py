@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, ROOT
 
 from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from vgpumon.sources.nvml.capture import read_capture
@@ -137,12 +137,11 @@ def test_an_agent_whose_store_is_down_at_start_exits_75_and_its_unit_restarts_it
     unit restarts on, not 69, which it does not (the host used to stay unmonitored)."""
     import os
     import re
-    from pathlib import Path
 
     out = run("agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "postgresql+psycopg://vgpumon@127.0.0.1:1/fleet")
     assert out.returncode == 75, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Connection refused" in out.stderr
-    unit = (Path(__file__).resolve().parents[1] / "exporters" / "systemd" / "vgpumon-agent.service").read_text()
+    unit = (ROOT / "exporters" / "systemd" / "vgpumon-agent.service").read_text()
     assert re.search(r"^Restart=on-failure$", unit, re.M)
     prevented = {int(c) for line in re.findall(r"^RestartPreventExitStatus=(.*)$", unit, re.M) for c in line.split()}
     assert 75 not in prevented and 69 in prevented

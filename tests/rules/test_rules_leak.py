@@ -6,6 +6,7 @@ them (the leak rule every 5 minutes)."""
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 
 from vgpumon.model import GpuIdentity
 from vgpumon.rules.catalogue import BY_NAME
@@ -88,7 +89,6 @@ import yaml  # noqa: E402
 
 from vgpumon.testing.memory import humanize, promql_avg, scrape  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RULE_FILE = ROOT / "rules" / "gpu-memory.rules.yml"
 SCRAPE = 15
 SERIES = 'vgpumon_gpu_memory_used_bytes{hostname="h", gpu="0", uuid="GPU-leak", job="vgpumon", instance="h:9400"}'

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, ROOT
 from exporter_support import fed, scrape, snapshots
 from prometheus_support import tool
 
@@ -21,7 +21,6 @@ from vgpumon.exporter import DEFAULT_LISTEN, DEFAULT_PORT, parse_listen
 from vgpumon.exporter.selection import SelectionError, parse_selection, read_selection, render_selection
 from vgpumon.sources.nvml.capture import ReplayBackend
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPORTERS = ROOT / "exporters"
 IDENTITY = {"hostname": "h200-replay", "gpu": "0", "uuid": "GPU-00000000-0000-4000-8000-000000000000"}
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
-from conftest import H200_CAPTURE, replay_into
+from conftest import H200_CAPTURE, replay_into, stored_ticks, wait_for
 from sqlalchemy import text
 
 from vgpumon.diagnose import build_report
@@ -19,16 +18,18 @@ from vgpumon.testing import scenarios
 
 def test_sigterm_mid_run_stores_every_sampled_tick_whole(tmp_path):
     """An 8-GPU host (the H200 capture replicated) replayed at recorded pace, stopped by
-    SIGTERM after a few ticks: exit 0, and every tick the agent took is stored for all 8 GPUs."""
+    SIGTERM once it has stored two ticks and is taking more: exit 0, and every tick the agent
+    took is stored for all 8 GPUs (those of the unfinished flush interval included)."""
     header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)
     cap = tmp_path / "eight.jsonl.gz"
     scenarios.write(cap, header, ticks)
     db = tmp_path / "x.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--db", f"sqlite:///{db}"],
+        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--db", f"sqlite:///{db}",
+         "--flush-interval", "3s", "--listen", "off"],
         stderr=subprocess.PIPE, text=True,
     )
-    time.sleep(4.5)
+    wait_for(lambda: stored_ticks(db) >= 16 or proc.poll() is not None, what="two stored ticks of 8 GPUs")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -2,7 +2,7 @@
 back by the Grafana SDK's own models, and free of the mistakes seen in the wild (FACTS §7) — a
 metric the agent does not export, a counter graphed raw, a ratio dividing by zero, a stat summing
 its range, a percentage summed across servers, MiB shown as SI megabytes, a query padded with
-``or vector(0)``. That every query returns data is tests/test_prometheus_e2e.py's job."""
+``or vector(0)``. That every query returns data is tests/exporter/test_prometheus_e2e.py's job."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from vgpumon import catalogue, dashboards
 from vgpumon.dashboards import kit
 
-ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "dashboards"
 DOCS = {name: json.loads((DIR / name).read_text()) for name in dashboards.DASHBOARDS}
 FAMILIES = catalogue.families()

@@ -8,17 +8,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from vgpumon import catalogue
 from vgpumon.rules import docs, prometheus
 from vgpumon.rules.catalogue import BY_NAME, RULES
 from vgpumon.rules.core import SUBJECT_LABELS
 
-ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "rules"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, wait_for
 from exporter_support import scrape
 from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
 from sqlalchemy import text
@@ -119,25 +119,29 @@ def test_one_connection_gone_silent_is_cut_while_another_still_answers(private_p
     agent, store = _agent(pg.url, tmp_path / "spool", deadline=2.0)  # longer than the rules' 1.5-s cycle
     seen: dict[str, int] = {}
 
-    def script() -> None:
-        time.sleep(2.0)
+    def writer() -> int | None:  # the backend that last committed (the writer; a read ends in ROLLBACK)
         engine = make_engine(pg.url)
-        with engine.connect() as conn:  # the backend that last committed (the writer; a read ends in ROLLBACK)
-            pid = conn.scalar(text(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND query = 'COMMIT' ORDER BY state_change DESC LIMIT 1"
-            ))
-        engine.dispose()
-        assert pid is not None, "no backend has written yet"
+        try:
+            with engine.connect() as conn:
+                return conn.scalar(text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND query = 'COMMIT' ORDER BY state_change DESC LIMIT 1"
+                ))
+        finally:
+            engine.dispose()
+
+    def script() -> None:
+        wait_for(lambda: writer() is not None, what="a backend that has written")
+        pid = writer()
+        assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
-            waited = time.monotonic() + 10.0
-            while agent.stats.store_stalls == 0 and time.monotonic() < waited:
-                time.sleep(0.2)
+            wait_for(lambda: agent.stats.store_stalls > 0, what="the stuck write to be found")
             seen["stalls"] = agent.stats.store_stalls
         finally:
             os.kill(pid, signal.SIGCONT)
-        time.sleep(3.0)
+        ticks = agent.stats.ticks
+        wait_for(lambda: agent.stats.ticks >= ticks + 3, what="ticks after the backend came back")
 
     try:
         run_beside(agent, script)

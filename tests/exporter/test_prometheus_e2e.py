@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from conftest import DATA
+from conftest import DATA, ROOT
 from prometheus_support import tool
 from vllm_support import shared_dir
 
@@ -33,7 +33,6 @@ from vgpumon import dashboards
 from vgpumon.testing import incident
 from vgpumon.testing.vllm import FakeVllmServer, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 EMPTY = ROOT / "dashboards" / "empty-panels.yml"
 SCRAPE_S = 1
 TICK_S = 0.25
@@ -138,14 +137,17 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
     agent = None
     try:
         _wait("Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200, 60)  # noqa: S310  the test's own Prometheus on loopback
-        t0 = time.monotonic()
-        script = vllm.run(t0)
         agent = subprocess.Popen(
             [sys.executable, "-m", "vgpumon", "agent", "--replay", str(capture), "--pace", "recorded",
              "--interval", str(TICK_S), "--listen", f"127.0.0.1:{agent_port}", "--sysfs", str(sysfs),
              "--vllm-url", vllm.url, "--vllm-interval", "2", "--db", f"sqlite:///{tmp_path / 'store.db'}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
+        # the server's script starts once the agent serves (and so polls it): on a loaded machine
+        # the agent's start-up can outlast the 3 s of "starting", and then no prewarm is measured
+        _wait("the agent serving /metrics",
+              lambda: urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/metrics", timeout=2).status == 200, 60)  # noqa: S310  the test's own agent on loopback
+        script = vllm.run(time.monotonic())
         _, err = agent.communicate(timeout=120)
         assert agent.returncode == 0, err
         script.join(10)

@@ -2,7 +2,7 @@
 metrics``, and the label policy and naming rules a dashboard or rule depends on.
 
 Golden files live in ``tests/golden/``; after a deliberate change, regenerate them with
-``VGPUMON_UPDATE_GOLDEN=1 python -m pytest tests/test_exposition.py`` and review the diff.
+``VGPUMON_UPDATE_GOLDEN=1 python -m pytest tests/exporter/test_exposition.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import asyncio
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
-from conftest import DATA
+from conftest import DATA, GOLDEN
 from exporter_support import Scrape, fed, snapshots
 from prometheus_support import tool
 from vllm_support import shared_dir
@@ -28,7 +27,6 @@ from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.testing import incident, scenarios
 from vgpumon.testing.vllm import FakeClock, FakeVllmServer, free_port
 
-GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("VGPUMON_UPDATE_GOLDEN"))
 CAPTURES = ["h200-workload", "h200-idle-full", "h200-idle-hbm", "h200-nogpm-copy"]
 #: the scripted server's port stands for the one a test gets; the golden file says 8000

@@ -9,9 +9,9 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from vgpumon.base.errors import ConfigFileError, UsageError
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
@@ -141,7 +141,7 @@ def test_every_setting_is_documented():
 
     from vgpumon.config import field_descriptions
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    doc = (ROOT / "docs" / "configuration.md").read_text()
     documented: set[str] = set()
     section = ""
     for line in doc.splitlines():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
@@ -13,7 +14,7 @@ from vllm_support import lifecycle_body, shared_dir, source
 
 from vgpumon.model import GpuSample, Snapshot
 from vgpumon.sources.vllm import ServerSample, ServerState, VllmProcess
-from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
+from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer
 
 S = ServerState
 
@@ -34,7 +35,11 @@ class Rig:
         self.clock = FakeClock()
         self.t0 = self.clock.now
         self.interval = interval
-        self.port = free_port()
+        # the port stays bound (not listening: a connect is refused) until the server starts, so
+        # that no other test's server takes it meanwhile (the suite runs in parallel)
+        self._hold = socket.socket()
+        self._hold.bind(("127.0.0.1", 0))
+        self.port = self._hold.getsockname()[1]
         self.server = FakeVllmServer(port=self.port, version="0.32.0", models=["tiny"])
         self.proc = VllmProcess(pid=pid, create_time=self.t0, host="127.0.0.1", port=self.port, pids=(pid, pid + 1))
         self.table = FakeProcessTable([self.proc])
@@ -49,7 +54,12 @@ class Rig:
         (smp,) = await self.poll()
         return smp
 
+    async def start_server(self) -> None:
+        self._hold.close()
+        await self.server.start(self.port)
+
     async def close(self) -> None:
+        self._hold.close()
         await self.src.close()
         await self.server.stop()
 
@@ -74,7 +84,7 @@ def test_refused_for_5s_then_ready_gives_prewarm_within_one_poll():
         seen = []
         while rig.clock.now - rig.t0 < 8:
             if rig.clock.now - rig.t0 >= 5.0 and not rig.server.running:
-                await rig.server.start(rig.port)
+                await rig.start_server()
             seen.append(await rig.one())
         states = [s.state for s in seen]
         first_ready = states.index(S.READY)
@@ -111,7 +121,7 @@ def test_death_after_ready(how):
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         assert (await rig.one()).state is S.READY
         assert (await rig.one()).state is S.IDLE
         if how == "health 503":
@@ -133,7 +143,7 @@ def test_death_after_ready(how):
 def test_restart_on_same_port_is_a_new_start():
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         first = await rig.one()
         assert first.state is S.READY
         new = VllmProcess(pid=5555, create_time=rig.clock.now, host="127.0.0.1", port=rig.port, pids=(5555,))
@@ -152,7 +162,7 @@ def test_work_queued_and_token_counters_flat_is_hung():
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__busy.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         states = [(await rig.one()).state for _ in range(5)]
         assert states == [S.READY, S.BUSY, S.BUSY, S.HUNG, S.HUNG]
         last = rig.src.servers[("127.0.0.1", rig.port)]
@@ -167,7 +177,7 @@ def test_tokens_advancing_is_busy_with_throughput():
     rows = _lifecycle_rows()
 
     async def t(rig: Rig) -> None:
-        await rig.server.start(rig.port)
+        await rig.start_server()
         rig.server.metrics = lifecycle_body(rows[59.05])
         await rig.one()
         rig.server.metrics = lifecycle_body(rows[59.57])
@@ -184,7 +194,7 @@ def test_tokens_advancing_is_busy_with_throughput():
 def test_idle_engine_is_idle_and_its_frozen_gauges_are_marked_stale():
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         seen = [await rig.one() for _ in range(6)]
         assert [s.state for s in seen] == [S.READY] + [S.IDLE] * 5
         assert [s.gauges_stale for s in seen] == [False, False, False, True, True, True]
@@ -204,7 +214,7 @@ def test_sleeping_from_engine_sleep_state():
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = idle
-        await rig.server.start(rig.port)
+        await rig.start_server()
         await rig.one()
         assert (await rig.one()).state is S.IDLE
         rig.server.metrics = asleep
@@ -222,7 +232,7 @@ def test_sleeping_from_is_sleeping_without_the_metric():
     async def t(rig: Rig) -> None:
         rig.server.metrics = lifecycle_body(_lifecycle_rows()[56.26])  # no engine_sleep_state
         rig.server.is_sleeping = False
-        await rig.server.start(rig.port)
+        await rig.start_server()
         await rig.one()
         assert (await rig.one()).state is S.IDLE
         rig.server.is_sleeping = True
@@ -237,7 +247,7 @@ def test_without_vllm_metrics_the_server_is_ready_with_limited_telemetry():
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = (d / "vllm-issue-7188.txt").read_text()
-        await rig.server.start(rig.port)
+        await rig.start_server()
         seen = [await rig.one() for _ in range(4)]
         assert {(s.state, s.telemetry) for s in seen} == {(S.READY, "limited")}
         assert all(s.running is None and s.kv_cache_usage_ratio is None for s in seen)
@@ -252,7 +262,7 @@ def test_stats_endpoint_fills_what_metrics_lack():
     async def t(rig: Rig) -> None:
         rig.server.metrics = (d / "vllm-issue-7188.txt").read_text()
         rig.server.stats = {"num_requests_running": 3, "num_requests_waiting": 1, "gpu_cache_usage_perc": 42.0}
-        await rig.server.start(rig.port)
+        await rig.start_server()
         await rig.one()
         smp = await rig.one()
         assert (smp.running, smp.waiting, smp.kv_cache_usage_ratio) == (3, 1, pytest.approx(0.42))
@@ -275,7 +285,7 @@ def test_stats_endpoint_fills_what_metrics_lack():
 def test_metrics_failing_while_health_is_fine_is_telemetry_down(break_it, reason):
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         assert (await rig.one()).state is S.READY
         break_it(rig.server)
         smp = await rig.one()
@@ -292,7 +302,7 @@ def test_metrics_failing_while_health_is_fine_is_telemetry_down(break_it, reason
 def test_health_timing_out_after_ready_is_hung():
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture("vllm-0.32.0-cpu__idle.txt")
-        await rig.server.start(rig.port)
+        await rig.start_server()
         await rig.one()
         rig.server.hang.add("/health")
         smp = await rig.one()
@@ -323,7 +333,7 @@ def test_gpu_mapping_and_prewarm_gpu_activity_from_nvml_snapshots():
             rig.src.observe(snap(rig.clock.now, {"GPU-0": 0.99, "GPU-1": act}))
             smp = await rig.one()
             assert smp.state is S.STARTING and smp.gpu_uuids == ("GPU-1",)
-        await rig.server.start(rig.port)
+        await rig.start_server()
         ready = await rig.one()
         assert ready.state is S.READY and ready.gpu_uuids == ("GPU-1",)
         assert ready.prewarm_gpu_active_ratio == pytest.approx(0.4)
@@ -341,7 +351,7 @@ def test_engine_killed_while_the_api_process_lives_is_dead_within_two_polls(capt
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = _capture(capture)
-        await rig.server.start(rig.port)
+        await rig.start_server()
         api, core, worker = rig.proc.pid, rig.proc.pid + 1, rig.proc.pid + 2
         whole = replace(rig.proc, pids=(api, core, worker), engine_pids=(core, worker))
         rig.table.processes[:] = [whole]
@@ -365,7 +375,7 @@ def test_engine_processes_come_and_go_before_ready_without_a_death():
         rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 5), engine_pids=(api + 5,))]
         assert (await rig.one()).state is S.STARTING  # refused: not listening yet
         rig.table.processes[:] = [replace(rig.proc, pids=(api, api + 1), engine_pids=(api + 1,))]
-        await rig.server.start(rig.port)
+        await rig.start_server()
         assert [(await rig.one()).state for _ in range(3)] == [S.READY, S.IDLE, S.IDLE]
 
     run(t)
@@ -392,7 +402,7 @@ def test_unreadable_lines_are_counted_and_make_telemetry_partial_not_down():
 
     async def t(rig: Rig) -> None:
         rig.server.metrics = _broken_lines(_capture("vllm-0.32.0-cpu__idle.txt"))
-        await rig.server.start(rig.port)
+        await rig.start_server()
         first, second = await rig.one(), await rig.one()
         assert (first.state, second.state) == (S.READY, S.IDLE)
         assert (second.telemetry, second.metric_lines_dropped) == ("partial", 2)
