@@ -140,7 +140,7 @@ def test_rows_stored_counts_rows_inserted_and_duplicates_apart(tmp_path):
     import sys
 
     db = tmp_path / "x.db"
-    cmd = [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}", "--hostname", "h"]
+    cmd = [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}", "--hostname", "h"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert first.returncode == second.returncode == 0, second.stderr

@@ -40,7 +40,7 @@ def test_an_8_gpu_hour_replays_in_bounded_memory(tmp_path: Path) -> None:
     scenarios.write(capture, header, ticks)
     db = tmp_path / "x.db"
     out = subprocess.run(
-        [sys.executable, "-c", _PEAK_RSS, sys.executable, "-m", "vgpumon", "agent", "--replay", str(capture),
+        [sys.executable, "-c", _PEAK_RSS, sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(capture),
          "--db", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"), "--hostname", "h"],
         capture_output=True, text=True, timeout=600,
     )
@@ -104,7 +104,7 @@ def test_pace_recorded_from_the_command_line(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     t0 = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(capture), "--pace", "recorded", "--interval", "5",
+        [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(capture), "--pace", "recorded", "--interval", "5",
          "--db", f"sqlite:///{db}", "--spool", str(tmp_path / "spool"), "--hostname", "h"],
         capture_output=True, text=True, timeout=120,
     )

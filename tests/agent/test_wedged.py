@@ -61,7 +61,7 @@ def test_sigterm_during_a_wedge_ends_the_agent_at_once(tmp_path):
     scenarios.write(cap, header, ticks)
     db = tmp_path / "x.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--db", f"sqlite:///{db}",
+        [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(cap), "--pace", "recorded", "--db", f"sqlite:///{db}",
          "--hostname", "h"],
         stderr=subprocess.PIPE, text=True,
     )

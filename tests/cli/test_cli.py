@@ -54,7 +54,7 @@ def test_bad_window_is_a_usage_error():
 
 def test_diagnose_unknown_host_is_unknown_and_lists_known_hosts(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", "gpu-host-17").returncode == 0
+    assert run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", "gpu-host-17").returncode == 0
     out = run("diagnose", "gpu-host-42", "--db", url)
     assert out.returncode == 3
     assert "gpu-host-42" in out.stdout and "gpu-host-17" in out.stdout
@@ -81,7 +81,7 @@ def test_unreachable_store_is_unknown_with_one_line():
 def test_garbage_capture_is_a_data_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("this is not a capture\n")
-    out = run("agent", "--replay", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
+    out = run("agent", "--listen", "off", "--replay", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert out.returncode == 65
     assert "not a vgpumon capture" in out.stderr and "Traceback" not in out.stderr
 
@@ -94,7 +94,7 @@ def test_gpu_without_gpm_is_labelled_utilization_proxy(tmp_path):
     cap = tmp_path / "no-gpm.jsonl"
     scenarios.write(cap, header, ticks)
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    assert run("agent", "--replay", str(cap), "--db", url).returncode == 0
+    assert run("agent", "--listen", "off", "--replay", str(cap), "--db", url).returncode == 0
     out = run("diagnose", "localhost", "--db", url)
     assert out.returncode == 0
     # SM activity and utilization side by side, labelled: no GPM leaves SM activity N/A with the
@@ -115,7 +115,7 @@ def test_db_commands_upgrade_stats_and_prune(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     up = run("db", "upgrade", "--db", url)
     assert up.returncode == 0 and "store schema at" in up.stdout
-    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url, "--spool", str(tmp_path / "spool")).returncode == 0
+    assert run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", url, "--spool", str(tmp_path / "spool")).returncode == 0
     stats = json.loads(run("db", "stats", "--db", url, "--json").stdout)["tables"]
     raw = next(t for t in stats if t["table"] == "gpu_samples")
     assert raw["rows"] > 60 and raw["bytes"] > 0 and raw["oldest"] < raw["newest"]
@@ -165,7 +165,7 @@ def test_stale_host_is_unknown_with_max_age_and_reported_without(tmp_path):
     """The replayed capture's newest sample is long past: from monitoring (--max-age) that is
     UNKNOWN, "is the agent running?"; a post-mortem without --max-age still reports it."""
     db = tmp_path / "x.db"  # a plain path is a SQLite store
-    assert run("agent", "--replay", str(H200_CAPTURE), "--db", str(db)).returncode == 0
+    assert run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", str(db)).returncode == 0
     stale = run("diagnose", "localhost", "--db", str(db), "--max-age", "2m")
     assert stale.returncode == 3
     assert "is the agent running?" in stale.stdout
@@ -175,7 +175,7 @@ def test_stale_host_is_unknown_with_max_age_and_reported_without(tmp_path):
 def test_short_window_still_shows_the_ecc_counts(tmp_path):
     """ECC is read every 10 ticks; a 3 s window still shows the newest counts, not N/A."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    assert run("agent", "--replay", str(H200_CAPTURE), "--db", url).returncode == 0
+    assert run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", url).returncode == 0
     out = run("diagnose", "localhost", "--db", url, "--window", "3s")
     assert "ECC uncorr. 0 vol. / 0 agg." in out.stdout and "N/A (ECC" not in out.stdout
 
@@ -189,7 +189,7 @@ def test_agent_alerts_and_diagnose_reports_the_rules_with_overridable_thresholds
     cap = tmp_path / "copy.jsonl.gz"
     scenarios.write(cap, *copy_phase(minutes=10))
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    agent = run("agent", "--replay", str(cap), "--db", url, "--hostname", "h")
+    agent = run("agent", "--listen", "off", "--replay", str(cap), "--db", url, "--hostname", "h")
     assert agent.returncode == 0, agent.stderr
     assert "FIRING GpuPcieSaturated [warning] hostname=h gpu=0" in agent.stderr
     out = run("diagnose", "h", "--db", url, "--window", "10m")

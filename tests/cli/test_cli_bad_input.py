@@ -41,7 +41,7 @@ def _capture_lines() -> list[str]:
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with a real store (one replay), and the broken inputs the cases name."""
     d = tmp_path_factory.mktemp("bad-input")
-    out = subprocess.run(VGPUMON + ["agent", "--replay", str(H200_CAPTURE), "--db", str(d / "store.db"), "--hostname", "h"],
+    out = subprocess.run(VGPUMON + ["agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", str(d / "store.db"), "--hostname", "h"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for leftover in d.glob("store.db.*"):  # the migration lock file: not part of what readers see
@@ -81,13 +81,13 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 DIAG = ["diagnose", "h", "--db", "{d}/store.db"]
-AGENT = ["agent", "--replay", str(H200_CAPTURE), "--db", "{d}/new.db"]
+AGENT = ["agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", "{d}/new.db"]
 PRUNE = ["db", "prune", "--db", "{d}/store.db"]
 
 
 def replay_of(name: str) -> list[str]:
     """The agent replaying ``name`` from the work directory into a store not yet created."""
-    return ["agent", "--replay", "{d}/" + name, "--db", "{d}/new.db"]
+    return ["agent", "--listen", "off", "--replay", "{d}/" + name, "--db", "{d}/new.db"]
 
 
 CASES = [
@@ -199,7 +199,7 @@ CASES = [
     Case("capture-header-type", replay_of("slow-every-string.jsonl"), 65, r"slow-every-string\.jsonl:1: header \"slow_every\" is not a positive integer"),
     Case("capture-random-gzip", replay_of("random.jsonl.gz"), 65, r"cannot read capture .*random\.jsonl\.gz: Not a gzipped file"),
     Case(
-        "capture-truncated-gzip", ["agent", "--replay", "{d}/truncated.jsonl.gz", "--db", "{d}/partial.db"], 65,
+        "capture-truncated-gzip", ["agent", "--listen", "off", "--replay", "{d}/truncated.jsonl.gz", "--db", "{d}/partial.db"], 65,
         r"cannot read capture .*truncated\.jsonl\.gz after line \d+: Compressed file ended.*\(\d+ ticks before it were stored: \d+ rows written", writes="partial.db",
     ),
     # stores a reader cannot use: diagnose answers UNKNOWN (3), the other commands 69
@@ -211,7 +211,7 @@ CASES = [
     Case("diagnose-foreign-file", ["diagnose", "h", "--db", "{d}/foreign.db"], 3, r"foreign\.db holds no vgpumon data"),
     Case("prune-missing-store", [*PRUNE[:2], "--db", "{d}/missing.db"], 69, r"no store at .*missing\.db"),
     # the agent refuses another application's SQLite file instead of adding its tables
-    Case("agent-foreign-file", ["agent", "--replay", str(H200_CAPTURE), "--db", "{d}/foreign.db"], 69, r"foreign\.db holds tables of something else \(customers, orders\)"),
+    Case("agent-foreign-file", ["agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", "{d}/foreign.db"], 69, r"foreign\.db holds tables of something else \(customers, orders\)"),
     Case("upgrade-foreign-file", ["db", "upgrade", "--db", "{d}/foreign.db"], 69, r"foreign\.db holds tables of something else"),
 ]
 

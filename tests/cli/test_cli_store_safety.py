@@ -37,7 +37,7 @@ def run(*args: str, env: dict | None = None, timeout: float = 120, prefix: list[
 
 
 def replay(url: str, host: str, capture: Path = H200_CAPTURE) -> None:
-    out = run("agent", "--replay", str(capture), "--db", url, "--hostname", host)
+    out = run("agent", "--listen", "off", "--replay", str(capture), "--db", url, "--hostname", host)
     assert out.returncode == 0, out.stderr
 
 
@@ -171,7 +171,7 @@ def test_the_agent_leaves_another_applications_sqlite_file_untouched(tmp_path):
     conn.commit()
     conn.close()
     before = _listing(tmp_path)
-    out = run("agent", "--replay", str(H200_CAPTURE), "--db", str(foreign))
+    out = run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", str(foreign))
     assert out.returncode == 69
     assert "holds tables of something else (invoices)" in _one_line(out)
     assert _listing(tmp_path) == before, "not even switched to WAL, no lock file beside it"
@@ -181,7 +181,7 @@ def test_the_agent_on_a_store_it_cannot_write_exits_69_in_one_line(tmp_path):
     """A store failure after start is 69 (the agent used to exit 3, a diagnose status)."""
     store = tmp_path / "vgpumon.db"
     replay(str(store), "gpu-host-17")
-    out = run("agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///file:{store}?mode=ro&uri=true")
+    out = run("agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///file:{store}?mode=ro&uri=true")
     assert out.returncode == 69
     assert "readonly database" in _one_line(out)
 
@@ -262,7 +262,7 @@ def test_the_agents_closing_line_masks_the_password():
     url = make_url(os.environ[POSTGRES_ENV])
     _reset_postgres(str(url))
     with_password = url.set(password="hunter2").render_as_string(hide_password=False)  # trust auth ignores it
-    out = run("--log-level", "info", "agent", "--replay", str(H200_CAPTURE), "--db", with_password)
+    out = run("--log-level", "info", "agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", with_password)
     assert out.returncode == 0, out.stderr.replace("hunter2", "<leaked>")
     assert "hunter2" not in out.stderr + out.stdout
     assert ":***@" in out.stderr.splitlines()[-1] and "rows stored in" in out.stderr
@@ -277,7 +277,7 @@ def test_a_store_migrated_by_a_newer_vgpumon_is_refused_by_writers_and_read_by_r
     with engine.begin() as conn:  # what a newer vgpumon leaves behind: a revision we do not know
         conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
     engine.dispose()
-    for args in (["agent", "--replay", str(H200_CAPTURE)], ["db", "upgrade"]):
+    for args in (["agent", "--listen", "off", "--replay", str(H200_CAPTURE)], ["db", "upgrade"]):
         out = run(*args, "--db", db_url)
         assert out.returncode == 69, out.stderr
         line = _one_line(out)
@@ -299,7 +299,7 @@ def test_agents_starting_together_on_a_new_sqlite_file_all_migrate_and_store(tmp
     runs; three rounds of three agents must all succeed."""
     for round_ in range(3):
         url = f"sqlite:///{tmp_path / f'new-{round_}.db'}"
-        outs = _start_together([["agent", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", f"h{i}"] for i in range(3)])
+        outs = _start_together([["agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", f"h{i}"] for i in range(3)])
         for out in outs:
             assert out.returncode == 0, out.stderr
         hosts = run("diagnose", "nope", "--db", url, "--json")
@@ -311,7 +311,7 @@ def test_agents_registering_one_host_name_at_once_on_postgres_all_succeed():
     url = os.environ[POSTGRES_ENV]
     for _ in range(2):
         _reset_postgres(url)
-        outs = _start_together([["agent", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", "same"] for _ in range(3)])
+        outs = _start_together([["agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", url, "--hostname", "same"] for _ in range(3)])
         for out in outs:
             assert out.returncode == 0, out.stderr
         engine = make_engine(url)
@@ -373,7 +373,7 @@ def test_the_agent_stops_cleanly_on_a_signal_at_any_moment(tmp_path, sig, after)
     hundred milliseconds, the agent's start-up the rest."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
     proc = subprocess.Popen(
-        [SCRIPT, "agent", "--replay", str(H200_CAPTURE), "--pace", "recorded", "--db", str(tmp_path / "x.db")],
+        [SCRIPT, "agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--pace", "recorded", "--db", str(tmp_path / "x.db")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     wait_for(lambda: has_vgpumon_handlers(proc.pid), what="vgpumon's signal handlers")

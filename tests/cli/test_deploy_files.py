@@ -50,7 +50,7 @@ def test_a_selection_naming_an_unknown_family_or_a_wrong_type_is_refused_with_it
 
 def _agent(*args: str, db: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}", *args],
+        [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}", *args],
         capture_output=True, text=True, timeout=120,
     )
 

@@ -212,7 +212,7 @@ def test_the_agent_exits_0_on_a_blank_sentinel(tmp_path):
     scenarios.write(cap, header, ticks)
     db = tmp_path / "x.db"
     run = subprocess.run(
-        [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--db", f"sqlite:///{db}", "--hostname", "h"],
+        [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(cap), "--db", f"sqlite:///{db}", "--hostname", "h"],
         capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr

@@ -187,7 +187,7 @@ def test_diagnose_turns_xid_79_into_critical(tmp_path):
     scenarios.write(cap, header, ticks)
     url = f"sqlite:///{tmp_path / 'x.db'}"
     vg = [sys.executable, "-m", "vgpumon"]
-    subprocess.run(vg + ["agent", "--replay", str(cap), "--db", url], check=True, capture_output=True)
+    subprocess.run(vg + ["agent", "--listen", "off", "--replay", str(cap), "--db", url], check=True, capture_output=True)
     out = subprocess.run(vg + ["diagnose", "localhost", "--db", url], capture_output=True, text=True)
     assert out.returncode == 2
     verdict, reason = out.stdout.splitlines()[:2]

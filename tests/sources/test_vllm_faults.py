@@ -89,7 +89,7 @@ def test_agent_exits_0_and_stores_every_gpu_row_while_a_server_reports_1e16(tmp_
         odd = servers.start(FakeVllmServer(metrics=_with_value(idle, "vllm:num_requests_running", "1e16"), version="0.32.0"))
         db = tmp_path / "x.db"
         out = subprocess.run(
-            [sys.executable, "-m", "vgpumon", "agent", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}",
+            [sys.executable, "-m", "vgpumon", "agent", "--listen", "off", "--replay", str(H200_CAPTURE), "--db", f"sqlite:///{db}",
              "--spool", str(tmp_path / "spool"), "--vllm-url", odd.url, "--vllm-interval", "0.1", "--hostname", "h"],
             capture_output=True, text=True, timeout=120,
         )
