@@ -421,7 +421,7 @@ def test_a_ctrl_c_wrapped_by_an_import_is_still_a_ctrl_c(monkeypatch, argv, code
     """Python 3.11 turns a Ctrl-C that lands inside ``__set_name__`` (typer importing pydantic
     while it parses the command line) into ``RuntimeError`` caused by the interrupt; CI met it
     once as exit 70 with a traceback. It is the user's stop: 0 for the agent, 130 elsewhere."""
-    import vgpumon.cli as cli
+    import vgpumon.cli.root as cli  # main() calls the app of its own module
 
     def interrupted_inside_an_import(**_kwargs):
         try:
