@@ -42,21 +42,21 @@ class StoreSettings(_Section):
     """``[store]``: where samples go and how long a command waits for the database."""
 
     url: Annotated[Optional[str], AfterValidator(lambda v: None if v is None else check_store_url(v))] = Field(
-        None,
+        default=None,
         description="sqlite:///path.db, a plain file path, or postgresql+psycopg://user@host/db; "
         "default: vgpumon.db under the user's data directory",
     )
     connect_timeout: Annotated[float, _duration(1, 3600)] = Field(
-        5.0, description="Postgres: give up connecting after this long (libpq counts whole seconds, at least 2)"
+        default=5.0, description="Postgres: give up connecting after this long (libpq counts whole seconds, at least 2)"
     )
     statement_timeout: Annotated[float, _duration(0.001, 86400)] = Field(
-        60.0, description="Postgres: the server cancels a statement that runs longer"
+        default=60.0, description="Postgres: the server cancels a statement that runs longer"
     )
     busy_timeout: Annotated[float, _duration(0.001, 3600)] = Field(
-        5.0, description="SQLite: how long a write waits for another writer's lock"
+        default=5.0, description="SQLite: how long a write waits for another writer's lock"
     )
-    raw_retention: Duration = Field(72 * 3600.0, description="how long raw per-tick rows are kept")
-    rollup_retention: Duration = Field(90 * 86400.0, description="how long 1-minute rollups are kept")
+    raw_retention: Duration = Field(default=72 * 3600.0, description="how long raw per-tick rows are kept")
+    rollup_retention: Duration = Field(default=90 * 86400.0, description="how long 1-minute rollups are kept")
 
 
 class AgentSettings(_Section):
@@ -64,31 +64,31 @@ class AgentSettings(_Section):
     away."""
 
     hostname: Annotated[Optional[str], AfterValidator(lambda v: None if v is None else check_hostname(v))] = Field(
-        None, description="name this host is stored under; default: the system host name"
+        default=None, description="name this host is stored under; default: the system host name"
     )
-    interval: Annotated[float, _duration(0.05, 86400)] = Field(1.0, description="time between ticks")
+    interval: Annotated[float, _duration(0.05, 86400)] = Field(default=1.0, description="time between ticks")
     slow_every: Optional[int] = Field(
-        None, ge=1, le=1_000_000, description="read the slow set every N ticks; default 10, or a replayed capture's cadence"
+        default=None, ge=1, le=1_000_000, description="read the slow set every N ticks; default 10, or a replayed capture's cadence"
     )
-    host_every: int = Field(5, ge=1, le=1_000_000, description="sample host CPU/memory and GPU processes every N ticks")
+    host_every: int = Field(default=5, ge=1, le=1_000_000, description="sample host CPU/memory and GPU processes every N ticks")
     reprobe_every: int = Field(
-        600, ge=1, le=1_000_000,
+        default=600, ge=1, le=1_000_000,
         description="ask again every N ticks the NVML calls a GPU answered 'not supported' (a driver upgrade or a MIG change can make them answer)",
     )
     call_deadline: Optional[Annotated[float, _duration(0.01, 60)]] = Field(
-        None, description="a GPU whose read takes longer counts as wedged and is skipped until the call returns; default: half the interval, 0.25–5 s"
+        default=None, description="a GPU whose read takes longer counts as wedged and is skipped until the call returns; default: half the interval, 0.25–5 s"
     )
     flush_interval: Optional[Annotated[float, _duration(0.1, 300)]] = Field(
-        None, description="time between batched writes to the store; a process killed outright loses at most this much; "
+        default=None, description="time between batched writes to the store; a process killed outright loses at most this much; "
         "default: 10 s, 5 s for a replay as fast as possible"
     )
-    gpm: bool = Field(True, description="use GPM for SM activity and PCIe bytes/s where the GPU has it")
+    gpm: bool = Field(default=True, description="use GPM for SM activity and PCIe bytes/s where the GPU has it")
     spool: Optional[Path] = Field(
-        None, description="directory where ticks wait while the store is away; default: per store under the user's state directory"
+        default=None, description="directory where ticks wait while the store is away; default: per store under the user's state directory"
     )
-    spool_max_mb: int = Field(1024, ge=1, le=1 << 30, description="spool size above which its oldest ticks become 1-minute rollups")
+    spool_max_mb: int = Field(default=1024, ge=1, le=1 << 30, description="spool size above which its oldest ticks become 1-minute rollups")
     buffer_max_rows: int = Field(
-        8 * 3600, ge=1, le=1 << 40, description="rows held in memory when the spool cannot be written"
+        default=8 * 3600, ge=1, le=1 << 40, description="rows held in memory when the spool cannot be written"
     )
 
     @field_validator("spool")
@@ -102,11 +102,11 @@ class AgentSettings(_Section):
 class VllmSettings(_Section):
     """``[vllm]``: the vLLM servers the agent scrapes."""
 
-    enabled: bool = Field(True, description="discover and scrape vLLM servers")
+    enabled: bool = Field(default=True, description="discover and scrape vLLM servers")
     urls: Annotated[list[str], NoDecode, BeforeValidator(split_words)] = Field(
         default_factory=list, description="also scrape these servers (e.g. published by a container)"
     )
-    interval: Annotated[float, _duration(0.1, 3600)] = Field(2.0, description="time between scrapes")
+    interval: Annotated[float, _duration(0.1, 3600)] = Field(default=2.0, description="time between scrapes")
 
     @field_validator("urls")
     @classmethod
@@ -117,15 +117,15 @@ class VllmSettings(_Section):
 class DiagnoseSettings(_Section):
     """``[diagnose]``: the report's window and how long it may take."""
 
-    window: Duration = Field(900.0, description="window ending at the host's newest stored sample")
+    window: Duration = Field(default=900.0, description="window ending at the host's newest stored sample")
     max_age: Optional[Duration] = Field(
-        None, description="UNKNOWN when the newest sample is older than this (monitoring); default: report on what is stored"
+        default=None, description="UNKNOWN when the newest sample is older than this (monitoring); default: report on what is stored"
     )
     timeout: Annotated[float, _duration(1, 3600)] = Field(
-        10.0, description="answer UNKNOWN when the store or the agent has not answered within this long"
+        default=10.0, description="answer UNKNOWN when the store or the agent has not answered within this long"
     )
     port: int = Field(
-        19400, ge=1, le=65535, description="port of the agent that `diagnose HOST` asks when HOST names none (its /api/v1)"
+        default=19400, ge=1, le=65535, description="port of the agent that `diagnose HOST` asks when HOST names none (its /api/v1)"
     )
 
 
@@ -133,15 +133,15 @@ class ExporterSettings(_Section):
     """``[exporter]``: the agent's ``/metrics`` and ``/healthz`` (docs/exporter.md)."""
 
     listen: Annotated[str, AfterValidator(check_listen)] = Field(
-        "127.0.0.1:19400",
+        default="127.0.0.1:19400",
         description="host:port to serve /metrics and /healthz on ([v6]:port, :port for every interface, or off); "
         "19400 is used by no common exporter",
     )
     metrics_file: Optional[Path] = Field(
-        None, description="serve only the metric families this selection file lists (exporters/metrics.csv format)"
+        default=None, description="serve only the metric families this selection file lists (exporters/metrics.csv format)"
     )
     kubelet_socket: Optional[str] = Field(
-        None,
+        default=None,
         description="the kubelet's pod-resources socket for pod/namespace/container labels; "
         "default /var/lib/kubelet/pod-resources/kubelet.sock where it exists; off to skip",
     )
@@ -151,14 +151,14 @@ class ApiSettings(_Section):
     """``[api]``: the agent's read-only HTTP API (``/api/v1/…``, on the ``/metrics`` server) and
     the token ``diagnose HOST`` sends to it (docs/api.md)."""
 
-    enabled: bool = Field(True, description="serve /api/v1 on the exporter's listen address")
+    enabled: bool = Field(default=True, description="serve /api/v1 on the exporter's listen address")
     token: Optional[SecretStr] = Field(
-        None,
+        default=None,
         description="bearer token: the agent requires it on every /api/v1 request when bound off loopback "
         "(and whenever it is set); diagnose sends it",
     )
     stacks: bool = Field(
-        False, description="let `diagnose --stacks` run py-spy dump on this host's vLLM server processes (needs ptrace rights)"
+        default=False, description="let `diagnose --stacks` run py-spy dump on this host's vLLM server processes (needs ptrace rights)"
     )
 
     @field_validator("token")
@@ -192,7 +192,7 @@ class RulesSettings(_Section):
     (docs/rules.md). ``[rules.thresholds]`` overrides thresholds, ``for`` durations per rule and
     disables rules by name."""
 
-    enabled: bool = Field(True, description="evaluate the rules in the agent (--no-rules sets false)")
+    enabled: bool = Field(default=True, description="evaluate the rules in the agent (--no-rules sets false)")
     webhooks: Annotated[list[str], NoDecode, BeforeValidator(split_words), AfterValidator(check_alert_urls)] = Field(
         default_factory=list, description="POST firing and resolved alerts as JSON to these URLs"
     )

@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    log_level: LogLevel = Field("warning", description="how much to log on stderr")
+    log_level: LogLevel = Field(default="warning", description="how much to log on stderr")
     store: StoreSettings = Field(default_factory=StoreSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
