@@ -173,7 +173,7 @@ class ApiSettings(_Section):
 
 
 def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
-    from vgpumon.rules.thresholds import Thresholds
+    from vgpumon.config.thresholds import Thresholds
 
     Thresholds.from_mapping(v, _rule_names)  # unknown keys, wrong types and values, unknown rule names refused here
     return v

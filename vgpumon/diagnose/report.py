@@ -135,9 +135,9 @@ def build_report(
     Raises:
         StoreUnavailableError: the store cannot be read.
     """
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose import context
     from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
-    from vgpumon.rules.thresholds import Thresholds
 
     now = time.time() if now is None else now
     th = thresholds or Thresholds()
