@@ -22,11 +22,7 @@ GENERATED = ("vgpumon/sources/podresources/", "vgpumon/store/migrations/versions
 
 #: Imports against the table that docs/architecture.md names as open exceptions, each with its
 #: reason: (importing module, imported module). Keep it short; a new entry needs its paragraph there.
-EXCEPTIONS = {
-    # the settings check validates [rules.thresholds]'s rule names with the rules' catalogue,
-    # lazily (only when a settings file names a rule); the names are to be given by the caller
-    ("vgpumon.config.sections", "vgpumon.rules.catalogue"),
-}
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def layer_table(text: str) -> dict[str, int]:

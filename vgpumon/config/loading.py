@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Collection
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError as _PydanticSettingsError
@@ -18,6 +18,7 @@ from vgpumon.base.durations import format_duration
 from vgpumon.base.errors import ConfigFileError, UsageError
 from vgpumon.base.masking import mask_secrets
 from vgpumon.config.defaults import default_config_file, default_db_url, default_hostname, default_spool_dir
+from vgpumon.config.sections import RULE_NAMES
 from vgpumon.config.settings import ENV_ALIASES, ENV_PREFIX, FILE_DATA, Settings, leaves
 
 if sys.version_info >= (3, 11):
@@ -88,7 +89,8 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigFileError(f"config file {path} is not TOML: {exc}") from None
 
 
-def load_settings(config_file: Path | None = None, flags: Flags | None = None) -> Settings:
+def load_settings(config_file: Path | None = None, flags: Flags | None = None, *,
+                  rule_names: Callable[[], Collection[str]] | None = None) -> Settings:
     """Read the settings: ``flags`` over the environment over the config file over defaults, then
     fill the defaults that depend on the machine (store URL, host name, spool directory).
 
@@ -96,6 +98,9 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None) -
         config_file: ``--config``; ``None`` reads ``$VGPUMON_CONFIG``, else ``default_config_file()``
             when it exists.
         flags: command-line flags that were given (``None`` values are left out by the caller).
+        rule_names: the rule names that ``[rules.thresholds]``'s ``for`` and ``disabled`` may use
+            (``vgpumon.rules.rule_names``, which imports the rules' catalogue when called, and is
+            called only when the table names a rule); ``None``: every rule name is unknown.
 
     Returns:
         The validated settings; ``origins`` says where each value came from.
@@ -119,6 +124,7 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None) -
             node = node.setdefault(k, {})
         node[keys[-1]] = value
     token = FILE_DATA.set(file_data)
+    names_token = RULE_NAMES.set(rule_names)
     try:
         settings = Settings(**init)
     except ValidationError as exc:
@@ -136,6 +142,7 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None) -
         name = ENV_PREFIX + m.group(1).upper() if m else "environment"
         raise UsageError(f"invalid {name}: a whole section must be a JSON object; set {name}__<KEY> instead") from None
     finally:
+        RULE_NAMES.reset(names_token)
         FILE_DATA.reset(token)
     origins: dict[str, str] = {}
     for leaf in leaves(Settings):

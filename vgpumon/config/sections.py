@@ -5,8 +5,9 @@ for it on ``vgpumon.config.settings.Settings``."""
 
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Collection, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
@@ -172,19 +173,19 @@ class ApiSettings(_Section):
         return v
 
 
+#: The rule names that ``[rules.thresholds]``'s ``for`` and ``disabled`` may use, as the caller of
+#: ``load_settings`` gives them (the catalogue is the rules', above the settings); called only when
+#: the table names a rule. ``None``: every rule name is unknown.
+RULE_NAMES: contextvars.ContextVar[Callable[[], Collection[str]] | None] = contextvars.ContextVar(
+    "vgpumon_rule_names", default=None
+)
+
+
 def _check_thresholds(v: dict[str, Any]) -> dict[str, Any]:
     from vgpumon.config.thresholds import Thresholds
 
-    Thresholds.from_mapping(v, _rule_names)  # unknown keys, wrong types and values, unknown rule names refused here
+    Thresholds.from_mapping(v, RULE_NAMES.get())  # unknown keys, wrong types and values, unknown rule names refused here
     return v
-
-
-def _rule_names() -> frozenset[str]:
-    """The rule names, imported only when ``for`` or ``disabled`` names one: the catalogue
-    imports every rule and, through their views, the store (every command checks its settings)."""
-    from vgpumon.rules.catalogue import rule_names
-
-    return rule_names()
 
 
 class RulesSettings(_Section):

@@ -6,3 +6,14 @@ reads them too). Design and figures: docs/rules.md.
 
 Nothing is imported here, so that one module of the package is imported without the others.
 """
+
+from __future__ import annotations
+
+
+def rule_names() -> frozenset[str]:
+    """The catalogue's rule names (``vgpumon.rules.catalogue.rule_names``), importing the catalogue
+    only when called: it imports every rule and, through their views, the store. What the command
+    line gives ``load_settings`` to check ``[rules.thresholds]``'s ``for`` and ``disabled``."""
+    from vgpumon.rules.catalogue import rule_names
+
+    return rule_names()
