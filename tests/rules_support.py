@@ -12,10 +12,10 @@ from conftest import DATA, H200_CAPTURE, phase
 from vgpumon.agent import Agent
 from vgpumon.alerts.runner import RuleRunner
 from vgpumon.alerts.sinks import LogSink
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import Alert
 from vgpumon.rules.core import Finding
 from vgpumon.rules.engine import Engine
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.store import Store, open_store
 from vgpumon.store.alerts import AlertRepository

@@ -80,6 +80,25 @@ def test_errors_name_the_flag_the_variable_or_the_file_key(clean_env, tmp_path):
         load_settings(cfg)
 
 
+def test_the_rule_names_of_the_thresholds_come_from_the_caller(clean_env, tmp_path):
+    """The settings cannot import the rules' catalogue: ``for`` and ``disabled`` are checked
+    against the names ``load_settings`` is given, called only when the table names a rule."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[rules.thresholds]\ndisabled = ["GpuLost"]\n[rules.thresholds.for]\nGpuStuck = "1m"\n')
+    calls = []
+
+    def names():
+        calls.append(1)
+        return {"GpuLost", "GpuStuck"}
+
+    assert load_settings(cfg, rule_names=names).rules.thresholds["disabled"] == ["GpuLost"] and calls
+    with pytest.raises(ConfigFileError, match=r"c\.toml: \[rules\.thresholds\] disabled: unknown rule GpuLost"):
+        load_settings(cfg)  # no names given: every rule name is unknown
+    cfg.write_text("[rules.thresholds]\npcie_saturation_ratio = 0.9\n")
+    calls.clear()
+    assert load_settings(cfg, rule_names=names).rules.thresholds == {"pcie_saturation_ratio": 0.9} and not calls
+
+
 @pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200), ("3d", 259200), (" 15m ", 900), (0.5, 0.5)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds

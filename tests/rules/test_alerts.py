@@ -18,10 +18,10 @@ from rules_support import PCIE_GPM, copy_phase, firing, stored_alerts
 from vgpumon.agent import Agent
 from vgpumon.alerts.runner import RuleRunner
 from vgpumon.alerts.sinks import AlertmanagerSink, Dispatcher, Sink, WebhookSink
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import Alert
 from vgpumon.rules.catalogue import rule_names
 from vgpumon.rules.engine import Engine
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios

@@ -97,7 +97,7 @@ def test_promtool_checks_and_passes_the_rule_files():
 def test_docs_rules_md_names_every_rule_and_every_threshold():
     import dataclasses
 
-    from vgpumon.rules.thresholds import Thresholds
+    from vgpumon.config.thresholds import Thresholds
 
     text = (ROOT / "docs" / "rules.md").read_text()
     for rule in RULES:

@@ -189,9 +189,9 @@ def run(plan: dict[str, Any]) -> int:
 
         from vgpumon.alerts.runner import RuleRunner
         from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
+        from vgpumon.config.thresholds import Thresholds
         from vgpumon.rules.catalogue import rule_names
         from vgpumon.rules.engine import Engine
-        from vgpumon.rules.thresholds import Thresholds
 
         sinks = [LogSink(), *(WebhookSink(u) for u in r["webhooks"]), *(AlertmanagerSink(u) for u in r["alertmanagers"])]
         # a replay is judged in the capture's time, not against today's clock
@@ -287,9 +287,9 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
 
 def api_config(plan: dict[str, Any]) -> Any:
     """The agent's ``/api/v1`` settings (``[api]``; the report's window and the rules' thresholds)."""
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.exporter.api import ApiConfig
     from vgpumon.rules.catalogue import rule_names
-    from vgpumon.rules.thresholds import Thresholds
 
     a = plan["api"]
     return ApiConfig(

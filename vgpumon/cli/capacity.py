@@ -42,9 +42,9 @@ def capacity(
     settings = _settings(ctx, {("store", "url"): ("--db", db)})
     from vgpumon.capacity import review
     from vgpumon.capacity.render import print_review
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose.render import console
     from vgpumon.rules.catalogue import rule_names
-    from vgpumon.rules.thresholds import Thresholds
 
     if html is not None:
         try:

@@ -184,9 +184,9 @@ def _report_from_store(settings: "Settings", host: str, since: Optional[str], *,
 
     ``note`` (why the agent did not answer) goes into the report; ``quiet``: a store that cannot
     answer either makes the report's one line say both, and nothing goes to stderr."""
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose import build_report, parse_since, resolve_host, unknown_report
     from vgpumon.rules.catalogue import rule_names
-    from vgpumon.rules.thresholds import Thresholds
     from vgpumon.store import Store
     from vgpumon.store.engine import describe_store, normalise_url
 

@@ -40,11 +40,12 @@ def _settings(ctx: typer.Context, flags: "Flags | None" = None) -> "Settings":
     """The effective settings of this invocation: the flags given over environment, config file
     and defaults (``vgpumon.config.load_settings``); also sets up logging."""
     from vgpumon.config import load_settings
+    from vgpumon.rules import rule_names
 
     root = ctx.find_root().obj or {}
     given = dict(flags or {})
     given[("log_level",)] = ("--log-level", root.get("log_level"))
-    settings = load_settings(root.get("config"), given)
+    settings = load_settings(root.get("config"), given, rule_names=rule_names)
     _setup_logging(settings.log_level)
     return settings
 

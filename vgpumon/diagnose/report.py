@@ -118,7 +118,7 @@ def build_report(
             and is UNKNOWN unless a WARNING or CRITICAL is known (the last known findings stay,
             with their age); ``None`` reports on whatever the store holds (replays, post-mortems).
         local_hostname: the name ``localhost`` stands for (``resolve_host``).
-        thresholds: the rules' ``vgpumon.rules.Thresholds`` (defaults when ``None``).
+        thresholds: the rules' ``vgpumon.config.thresholds.Thresholds`` (defaults when ``None``).
         since: start of the look-back (epoch seconds): XID events, alerts that fired and
             resolved, and the trends reach back to it; ``None`` (or later than the window's start)
             looks back over the window.
@@ -135,9 +135,9 @@ def build_report(
     Raises:
         StoreUnavailableError: the store cannot be read.
     """
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose import context
     from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
-    from vgpumon.rules.thresholds import Thresholds
 
     now = time.time() if now is None else now
     th = thresholds or Thresholds()

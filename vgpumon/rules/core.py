@@ -12,7 +12,7 @@ from vgpumon import catalogue
 from vgpumon.base.fmt import duration, gb, pct  # noqa: F401  the rules' texts use them through this module
 
 if TYPE_CHECKING:
-    from vgpumon.rules.thresholds import Thresholds
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.rules.view import HostView
 
 SEVERITIES = ("critical", "warning", "info")

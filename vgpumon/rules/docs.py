@@ -4,10 +4,10 @@ build`` writes them beside the Prometheus files; a test keeps the committed ones
 
 from __future__ import annotations
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Rule, duration
 from vgpumon.rules.prometheus import alerting_rules, file_name
-from vgpumon.rules.thresholds import Thresholds
 
 
 def _group_of(rule: Rule) -> str:

@@ -13,10 +13,10 @@ import logging
 from typing import Iterable, Sequence
 
 from vgpumon.base.errors import StoreUnavailableError
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Finding, Rule
 from vgpumon.rules.lifecycle import AlertBook
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView, Prefetch
 from vgpumon.store import Store
 

@@ -3,7 +3,7 @@ and power-brake slowdown, memory nearly full or held by idle SMs.
 
 Each check reads the host's stored data as of the evaluation time (``HostView``) and yields one
 ``Finding`` per GPU: firing, ok, or unknown when its inputs are absent (a board without ECC, a
-GPU without GPM) — never ok for lack of data. Thresholds: ``vgpumon.rules.thresholds``.
+GPU without GPM) — never ok for lack of data. Thresholds: ``vgpumon.config.thresholds``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from vgpumon import catalogue
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS
 from vgpumon.catalogue.xid import XIDS
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, pct, prom, prom_duration
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 from vgpumon.store import StoredGpu
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Iterable, Sequence
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import ServerState
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, prom, prom_duration
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 
 DAY = 86400.0

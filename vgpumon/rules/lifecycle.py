@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 from vgpumon.model import Alert, fingerprint
 
 if TYPE_CHECKING:
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.rules.core import Finding, Rule
-    from vgpumon.rules.thresholds import Thresholds
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from vgpumon.base.pcie import LANE_GT_PER_S, link_capacity_bytes_per_second, replay_budget_per_minute
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gpu_labels, pct, prom, prom_duration
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 from vgpumon.store.rollup import percentile
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.catalogue import GROUPS
 from vgpumon.rules.core import Rule, prom_duration
-from vgpumon.rules.thresholds import Thresholds
 
 HEADER = (
     "# Generated from the rule catalogue (vgpumon/rules/) by `vgpumon rules build`; do not edit by hand.\n"

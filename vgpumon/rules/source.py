@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from vgpumon import catalogue
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 
 

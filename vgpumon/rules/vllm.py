@@ -12,9 +12,9 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Iterable
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import ServerState
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, pct, prom, prom_duration
-from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 
 V = "vllm_samples"

@@ -1,5 +1,7 @@
 """Thresholds of the rules: one typed dataclass with defaults, loadable from a plain mapping (the
 ``[rules.thresholds]`` table of the settings file plugs in here: ``Thresholds.from_mapping(settings)``).
+Defined in the settings package, below the rules, so that the settings check validates the table
+with them; the rules (``vgpumon.rules``) read them from here.
 
 Every default cites where it comes from. Units are base units (seconds, bytes, ratio 0–1,
 celsius); durations may also be written as strings (``"5m"``, ``"6h"``, ``"90s"``, ``"2d"``).
@@ -267,9 +269,9 @@ class Thresholds:
         """Thresholds from a plain mapping (a parsed ``[rules.thresholds]`` table): unnamed keys keep their
         defaults; durations (``*_seconds``) may be strings like ``"5m"``; ``for`` (or
         ``for_seconds``) maps rule names to durations; ``disabled`` lists rule names, checked
-        against ``rule_names()`` (``vgpumon.rules.catalogue.rule_names``: called only when they
-        are used, since the catalogue imports every rule and, through their views, the store;
-        without it every name is unknown).
+        against ``rule_names()`` (the caller's ``vgpumon.rules.catalogue.rule_names``, which the
+        settings cannot import: called only when they are used, since the catalogue imports every
+        rule and, through their views, the store; without it every name is unknown).
 
         Raises:
             ValueError: an unknown key, a value of the wrong type, or an unknown rule name.
