@@ -17,6 +17,8 @@ from vgpumon.sources.nvml.capture import ReplayBackend, read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 IDLE_FULL = DATA / "h200-idle-full.jsonl.gz"
 
 

@@ -24,7 +24,7 @@ from vgpumon.base.errors import ExitCode
 #: the console script, as a user types it (the exec must not depend on how the CLI was started)
 SCRIPT = shutil.which("vgpumon", path=str(Path(sys.executable).parent))
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the agent's process is Linux's (memfd, /proc)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the agent's process is Linux's (memfd, /proc)")]
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -12,10 +12,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import H200_CAPTURE, H200_PHASES, KEEP_ALL, phase, replay_into
 
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.diagnose import build_report
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 COLUMNS = ("sm_active_ratio", "utilization_gpu_ratio", "pcie_rx_bytes_per_second", "memory_used_bytes")
 

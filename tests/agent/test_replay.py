@@ -11,11 +11,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from conftest import H200_CAPTURE
 
 from vgpumon.agent import Agent
 from vgpumon.sources.nvml import NvmlSource
 from vgpumon.testing import scenarios
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 # Runs the agent as a child and prints the child's peak RSS (KiB): a fresh parent, so that no
 # other child of the test run (a vLLM server, say) is counted.

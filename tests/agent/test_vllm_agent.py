@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from conftest import H200_CAPTURE
 from vllm_support import ServerThread, shared_dir
 
@@ -18,6 +19,8 @@ from vgpumon.sources.vllm.discovery import NoProcesses
 from vgpumon.store import open_store
 from vgpumon.store.vllm_repository import VllmRepository
 from vgpumon.testing.vllm import FakeVllmServer, free_port
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 S = ServerState
 

@@ -23,6 +23,8 @@ from vgpumon.sources.nvml.capture import ReplayBackend, read_capture
 from vgpumon.store import open_store
 from vgpumon.testing import scenarios
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 
 def _wedge():
     header, ticks = scenarios.replicate_devices(*read_capture(H200_CAPTURE), 8)

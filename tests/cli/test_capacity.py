@@ -16,6 +16,8 @@ from conftest import DATA, KEEP_ALL
 from vgpumon.store import open_store
 from vgpumon.testing import capacity, incident, scenarios
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 GEN3_X16 = 8e9 * 128 / 130 * 16 / 8  # FACTS §3: 15.75 GB/s per direction (128b/130b at 8 GT/s, 16 lanes)
 

@@ -14,6 +14,8 @@ from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from vgpumon.sources.nvml.capture import read_capture
 from vgpumon.testing import scenarios
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 
 

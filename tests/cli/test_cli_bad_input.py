@@ -16,6 +16,8 @@ from typing import NamedTuple
 import pytest
 from conftest import H200_CAPTURE
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 SECRET = "s3cret-pw"
 LONG_HOST = "h" * 300

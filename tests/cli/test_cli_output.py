@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import H200_CAPTURE
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 
 

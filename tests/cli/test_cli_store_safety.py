@@ -25,6 +25,8 @@ from sqlalchemy import text
 from vgpumon.store.engine import make_engine
 from vgpumon.store.migrate import head_revision, upgrade
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 #: The console script users run (signal tests use it: `python -m` adds runpy's own frames).
 SCRIPT = shutil.which("vgpumon", path=str(Path(sys.executable).parent)) or shutil.which("vgpumon")

@@ -21,6 +21,8 @@ from vgpumon.exporter import DEFAULT_LISTEN, DEFAULT_PORT, parse_listen
 from vgpumon.exporter.selection import SelectionError, parse_selection, read_selection, render_selection
 from vgpumon.sources.nvml.capture import ReplayBackend
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 EXPORTERS = ROOT / "exporters"
 IDENTITY = {"hostname": "h200-replay", "gpu": "0", "uuid": "GPU-00000000-0000-4000-8000-000000000000"}
 

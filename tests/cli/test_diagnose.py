@@ -22,6 +22,8 @@ from vgpumon.rules.gpu import CRITICAL_XIDS, WARNING_XIDS
 from vgpumon.testing import incident, scenarios
 from vgpumon.testing.vllm import free_port
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 HOST = "gpu-host-17"
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from api_support import ServingAgent, get
 from conftest import H200_CAPTURE, H200_PHASES, phase
 from vllm_support import ServerThread, shared_dir
@@ -26,6 +27,8 @@ from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import VllmProcess
 from vgpumon.testing import scenarios
 from vgpumon.testing.vllm import FakeVllmServer
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 VGPUMON = [sys.executable, "-m", "vgpumon"]
 TOKEN = "k7Qw-3vZ9_secret"

@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import DATA, ROOT
 from prometheus_support import tool
@@ -32,6 +33,8 @@ from vllm_support import shared_dir
 from vgpumon import dashboards
 from vgpumon.testing import incident
 from vgpumon.testing.vllm import FakeVllmServer, free_port
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 EMPTY = ROOT / "dashboards" / "empty-panels.yml"
 SCRAPE_S = 1

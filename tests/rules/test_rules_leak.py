@@ -16,6 +16,8 @@ from vgpumon.rules.view import HostView
 from vgpumon.store import open_store
 from vgpumon.testing.memory import HOUR, MemoryStory, rollup_rows
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 START = 1_800_000_000.0  # a whole minute
 LEAK = BY_NAME["GpuMemoryLeak"]
 GPU = GpuIdentity(index=0, uuid="GPU-leak", name="NVIDIA H200", memory_total_bytes=141_000_000_000, gpm_supported=True)

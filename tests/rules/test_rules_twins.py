@@ -18,6 +18,8 @@ from vgpumon.rules import docs, prometheus
 from vgpumon.rules.catalogue import BY_NAME, RULES
 from vgpumon.rules.core import SUBJECT_LABELS
 
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
+
 RULES_DIR = ROOT / "rules"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")

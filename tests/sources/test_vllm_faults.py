@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import pytest
 from conftest import H200_CAPTURE, count, replay_into, run_locked_sqlite
 from vllm_support import ServerThread, shared_dir, source
 
@@ -26,6 +27,8 @@ from vgpumon.store import open_store
 from vgpumon.store.spool import Backlog
 from vgpumon.store.vllm_repository import VllmRepository
 from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 S = ServerState
 

@@ -31,7 +31,7 @@ POLL_S = 0.5  # the source's interval
 OBSERVER_S = 0.25  # the test's own /health poll
 CONCURRENT = 128
 
-pytestmark = pytest.mark.real_vllm
+pytestmark = [pytest.mark.slow, pytest.mark.real_vllm]
 
 
 @pytest.fixture(scope="module")

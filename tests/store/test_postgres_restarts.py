@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import H200_CAPTURE
 from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
 from sqlalchemy import text
@@ -17,6 +18,8 @@ from vgpumon.store.engine import make_engine
 from vgpumon.store.retention import Retention
 from vgpumon.store.spool import Backlog
 from vgpumon.testing import scenarios
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 RESTARTS = 10
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import H200_CAPTURE, wait_for
 from exporter_support import scrape
 from postgres_support import private_postgres, run_beside  # noqa: F401 - the fixture
@@ -22,6 +23,8 @@ from vgpumon.store import open_store
 from vgpumon.store.engine import make_engine
 from vgpumon.store.spool import Backlog
 from vgpumon.testing import scenarios
+
+pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
 DEADLINE = 1.0  # seconds without an answer before the store counts as silent (75 s by default)
 
