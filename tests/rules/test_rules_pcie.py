@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
-from conftest import DATA
+from conftest import DATA, H200_CAPTURE, phase
 from rules_support import PCIE_GPM, at_end, copy_phase, firing, replay, stored_alerts
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.diagnose import build_report
+from vgpumon.diagnose.render import render_diagnose
 from vgpumon.model import GpuIdentity
 from vgpumon.store import Store
 from vgpumon.testing import scenarios, sysfs
@@ -74,3 +76,38 @@ def test_the_same_sixteen_cards_behind_four_switches_stay_below_the_uplinks(tmp_
     by_rule, _ = at_end(url)
     assert {f.state for f in by_rule["PcieUplinkSaturated"]} == {"ok"}
     assert len(by_rule["PcieUplinkSaturated"]) == 8  # four root ports and four switch uplinks, each judged
+
+
+def test_an_alert_still_firing_when_the_agent_stopped_is_in_the_post_mortem(tmp_path):
+    """The agent stopped while GpuPcieSaturated fired (7 min of the recorded copy, then 62 s of the
+    recorded idle; PCIe window 60 s, as on the H200 run that found it): the stored episode has no
+    end. Evaluated at the data's end the link is quiet again, so the report's own evaluation
+    no longer sees it — the report still shows the episode the agent paged for, in its headline,
+    its history and its JSON, and its status (the exit code) judges the end: OK."""
+    th = Thresholds(pcie_window_seconds=60.0)
+    idle = phase("idle")
+    header, ticks = copy_phase(minutes=7)
+    _, rest = scenarios.between(*scenarios.load(str(H200_CAPTURE)), idle["start"] + 1.2, idle["end"])
+    _, rest = scenarios.repeat({}, rest, 10)
+    header, ticks = scenarios.then(header, ticks, [t for t in rest if t["tick"] < 62])
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, header, ticks, thresholds=th)
+    (sat,) = firing(stored_alerts(url), "GpuPcieSaturated")
+    assert sat.state == "firing" and sat.resolved_at is None  # open when the agent stopped
+    store = Store(url)
+    try:
+        report = build_report(store, "h", window_seconds=600, thresholds=th)
+    finally:
+        store.close()
+    assert report["status"] == "ok" and report["alerts"] == []  # at the end: quiet again
+    (episode,) = report["alert_history"]
+    assert (episode["name"], episode["gpu"], episode["open_at_last_evaluation"]) == ("GpuPcieSaturated", 0, True)
+    assert episode["last_evaluated_at"] >= episode["fired_at"]
+    (earlier,) = report["verdict"]["earlier"]
+    assert (earlier["name"], earlier["severity"], earlier["resolved_at"]) == ("GpuPcieSaturated", "warning", None)
+    text = render_diagnose(report, width=200)
+    headline = text.splitlines()[0]
+    assert "nothing to act on" not in text
+    assert "nothing firing now; 1 warning earlier in the window: GpuPcieSaturated GPU 0 from " in headline, headline
+    assert "open at the agent's last evaluation" in headline
+    assert "still firing at the agent's last evaluation" in text

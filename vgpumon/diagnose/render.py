@@ -160,7 +160,9 @@ def _verdict(report: dict[str, Any], out: Console) -> None:
     age = fresh.get("age_seconds")
     head = Text(f"{status.upper()} ", style=STYLE[status])
     head.append(f"{report['host']}", style="bold")
-    head.append(f" — {counts or 'nothing to act on'}; data as of {_clock(fresh.get('newest_sample'))} UTC, {_age(age)}")
+    earlier = _earlier(v.get("earlier") or [])
+    said = counts or ("nothing firing now" if earlier else "nothing to act on")
+    head.append(f" — {said}{'; ' + earlier if earlier else ''}; data as of {_clock(fresh.get('newest_sample'))} UTC, {_age(age)}")
     if fresh.get("stale"):
         head.append(" (STALE: findings are the last known)", style="magenta")
     if report.get("source"):
@@ -444,15 +446,39 @@ def _paths(report: dict[str, Any], out: Console) -> None:
             out.print(line, soft_wrap=True)
 
 
+def _earlier(episodes: list[dict[str, Any]]) -> str:
+    """The headline's words for the episodes that fired in the window and are not open now:
+    ``1 warning earlier in the window: GpuPcieSaturated GPU 0 17:12–17:14``."""
+    if not episodes:
+        return ""
+    counts = ", ".join(f"{n} {s}" for s in ("critical", "warning", "info")
+                       if (n := sum(1 for e in episodes if e["severity"] == s)))
+
+    def one(e: dict[str, Any]) -> str:
+        gpu = f" GPU {e['gpu']}" if e.get("gpu") is not None else ""
+        if e["resolved_at"] is None:  # the agent stopped while it fired, or has not evaluated since
+            return f"{e['name']}{gpu} from {_clock(_iso(e['fired_at']))}, open at the agent's last evaluation"
+        return f"{e['name']}{gpu} {_clock(_iso(e['fired_at']))}–{_clock(_iso(e['resolved_at']))}"
+
+    named = ", ".join(one(e) for e in episodes[:3])
+    more = f" and {len(episodes) - 3} more" if len(episodes) > 3 else ""
+    return f"{counts} earlier in the window: {named}{more}"
+
+
 def _history(report: dict[str, Any], out: Console) -> None:
     hist = report.get("alert_history") or []
     if not hist:
         return
     out.print()
-    out.print(Text("Alerts that fired and resolved in the look-back (the agent's)", style="bold underline"))
+    out.print(Text("Alerts the agent raised in the look-back, not open now", style="bold underline"))
     for a in hist:
         gpu = f"GPU {a['gpu']}" if a.get("gpu") is not None else ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k != "hostname")
-        out.print(f"  {a['severity'].upper():<8} {a['name']} {gpu}: {_clock(_iso(a['fired_at']))} → {_clock(_iso(a['resolved_at']))} UTC — {a['description']}",
+        if a.get("open_at_last_evaluation"):
+            ended = (f"still firing at the agent's last evaluation, {_clock(_iso(a.get('last_evaluated_at')))} UTC "
+                     "(the agent stopped, or has not evaluated since)")
+        else:
+            ended = f"{_clock(_iso(a['resolved_at']))} UTC"
+        out.print(f"  {a['severity'].upper():<8} {a['name']} {gpu}: {_clock(_iso(a['fired_at']))} → {ended} — {a['description']}",
                   soft_wrap=True)
 
 

@@ -91,7 +91,54 @@ def _finish(report: dict[str, Any]) -> dict[str, Any]:
     report["findings"] = order(report["findings"])
     report["verdict"] = verdict(report["findings"])
     report["status"] = report["verdict"]["status"]
+    report["verdict"]["earlier"] = _earlier_in_window(report)
     return report
+
+
+def _stored_episodes(episodes: list[Any], open_now: list[Any], by_uuid: dict[str, Any], end: float) -> list[dict[str, Any]]:
+    """The agent's stored episodes that fired in the look-back and are not among the alerts open
+    at the window's end: resolved ones, and ones still open at the agent's last evaluation (the
+    agent stopped while they fired, or has not evaluated since); oldest first, each once.
+
+    The stored lifecycle is what paged: a report must not forget an episode because its own
+    evaluation at the window's end no longer sees it."""
+    current = {a.fingerprint for a in open_now}
+    seen: set[Any] = set()
+    out: list[dict[str, Any]] = []
+    for a in sorted(episodes, key=lambda a: (a.active_since, a.id or 0)):
+        key = a.id if a.id is not None else (a.fingerprint, a.active_since)
+        if key in seen or a.fired_at is None or a.fired_at > end:
+            continue
+        seen.add(key)
+        still_open = a.resolved_at is None
+        if a.fingerprint in current and (still_open or a.resolved_at >= end - _EPISODE_SLACK_S):
+            continue  # the same episode as an alert open now: a finding, not history
+        gpu = by_uuid[a.labels["uuid"]].identity.index if a.labels.get("uuid") in by_uuid else None
+        out.append({**a.as_dict(), "gpu": gpu, "open_at_last_evaluation": still_open,
+                    "last_evaluated_at": a.last_eval if still_open else None})
+    return out
+
+
+def _earlier_in_window(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Episodes of the stored history that overlapped the window (not only the look-back): the
+    headline names them, so that it never says "nothing to act on" about a window that held an
+    alert. The status (and the exit code) keeps judging the window's end."""
+    window = report.get("window") or {}
+    if not window:
+        return []
+    start, end = _epoch(window["start"]), _epoch(window["end"])
+    return [
+        {"name": a["name"], "severity": a["severity"], "gpu": a.get("gpu"), "fired_at": a["fired_at"],
+         "resolved_at": a["resolved_at"], "open_at_last_evaluation": a.get("open_at_last_evaluation", False)}
+        for a in report.get("alert_history") or []
+        if a["fired_at"] <= end and (a["resolved_at"] is None or a["resolved_at"] >= start)
+    ]
+
+
+def _epoch(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
 
 
 def build_report(
@@ -221,10 +268,7 @@ def build_report(
             down_since=down.get(gpu.id) if gpu is not None else None,
         ))
     report["alerts"] = [a.as_dict() for a in open_alerts]
-    report["alert_history"] = [
-        {**a.as_dict(), "gpu": by_uuid[a.labels["uuid"]].identity.index if a.labels.get("uuid") in by_uuid else None}
-        for a in episodes if a.resolved_at is not None and a.resolved_at < end - _EPISODE_SLACK_S
-    ]
+    report["alert_history"] = _stored_episodes(episodes, open_alerts, by_uuid, end)
 
     # -- diagnose's own observations ---------------------------------------------------------------
     for g in gpus:

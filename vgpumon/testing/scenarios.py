@@ -168,6 +168,21 @@ def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, 
     return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, _Lazy(passes)
 
 
+def then(header: dict[str, Any], ticks: Ticks, more: Ticks) -> tuple[dict[str, Any], Ticks]:
+    """``ticks``, then the ticks of ``more`` (its init block dropped): its times moved to follow
+    on one tick interval after the last, its tick numbers continued."""
+    first = list(ticks)
+    body = [t for t in first if t["tick"] >= 0]
+    rest = [t for t in more if t["tick"] >= 0]
+    if not body or not rest:
+        return header, first + rest
+    step = body[-1]["ts"] - body[-2]["ts"] if len(body) > 1 else 1.0
+    dt = body[-1]["ts"] + step - rest[0]["ts"]
+    n = body[-1]["tick"] + 1 - rest[0]["tick"]
+    moved = [{**t, "tick": t["tick"] + n, "ts": t["ts"] + dt} for t in rest]
+    return {**header, "derived": f"{header.get('derived', '')} then".strip()}, first + moved
+
+
 def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[str, Any], Ticks]:
     """Every tick's timestamp (and the XID event times it carries) scaled by ``factor`` around
     the first tick's: ``factor`` 0.1 replays at recorded pace ten times faster."""
