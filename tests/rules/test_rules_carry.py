@@ -185,3 +185,21 @@ def test_rules_catching_up_after_an_outage_see_the_counts_folded_into_rollups(tm
     assert len(folded) >= 25
     assert all(v is not None and v[1] == 2 for _, v in folded), folded[:3]
     store.close()
+
+
+def test_a_level_step_just_before_the_evaluation_is_never_a_negative_duration():
+    """A live report once read "GpuMemoryLeak (GPU 0): only -473 s since a level step or a
+    break": a step's settling span (10 min) reached past the evaluation. It says how long the
+    step still settles; a time ahead of the clock is never printed as a negative duration."""
+    from vgpumon.base.fmt import duration
+    from vgpumon.config.thresholds import Thresholds
+    from vgpumon.rules.leak import assess
+
+    th, at = Thresholds(), 1_796_000_000.0
+    start = at - 7 * 3600
+    points = [(start + 60 * i, 10e9 if start + 60 * i < at - 120 else 12e9) for i in range(7 * 60 + 1)]
+    state, trend, reason = assess(points, [], at, th, active=False)
+    assert (state, trend) == ("unknown", None)
+    assert reason.startswith("a level step or a break settles for another 9 min"), reason
+    assert "-" not in reason.split(";")[0]
+    assert duration(-47) == "47 s ahead (a clock step?)"

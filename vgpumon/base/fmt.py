@@ -21,6 +21,8 @@ def duration(seconds: float | None) -> str:
     """A duration the way people say it: ``45 s``, ``12 min``, ``6.0 h``, ``270 days``."""
     if seconds is None:
         return "N/A"
+    if seconds < 0:  # never "-473 s": a time ahead of the clock it is measured from
+        return f"{duration(-seconds)} ahead (a clock step?)"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:

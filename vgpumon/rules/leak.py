@@ -186,7 +186,12 @@ def assess(
     window_start = max(cut, at - fit_s)
     seg = [(t, y) for t, y in points if t >= window_start]
     if cut > at - 0.95 * fit_s:
-        since = f"only {duration(at - cut)} since a level step or a break" if cut > -math.inf else "too short"
+        if cut == -math.inf:
+            since = "too short"
+        elif cut > at:  # a step's settling span (or a break stamped ahead of the data) reaches past now
+            since = f"a level step or a break settles for another {duration(cut - at)}"
+        else:
+            since = f"only {duration(at - cut)} since a level step or a break"
         return "unknown", None, f"{since}; a trend needs {duration(fit_s)} without one"
     if len(seg) < 0.5 * fit_s / 60 or not seg or seg[0][0] > at - 0.9 * fit_s:
         return "unknown", None, f"fewer than half the minutes of the last {duration(fit_s)} stored"
