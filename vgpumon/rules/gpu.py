@@ -9,13 +9,13 @@ GPU without GPM) — never ok for lack of data. Thresholds: ``vgpumon.rules.thre
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from vgpumon import catalogue
 from vgpumon.catalogue.xid import XIDS
 from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.rules import gpu_usage
-from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gpu_labels, prom, prom_duration
+from vgpumon.rules.core import Check, Finding, Rule, Runbook, Twin, by, duration, gpu_labels, prom, prom_duration
 from vgpumon.rules.thresholds import Thresholds
 from vgpumon.rules.view import HostView
 from vgpumon.store import StoredGpu
@@ -48,7 +48,7 @@ def _meanings(codes: dict[int, int]) -> str:
 # -- cumulative counters and latched flags (slow set) ---------------------------------------------
 
 
-def _latched(column: str, absent: str, fires: "callable") -> "callable":  # type: ignore[valid-type]
+def _latched(column: str, absent: str, fires: Callable[[Any], object]) -> Check:
     """A check on the newest value of a slow-set counter or flag (at or before the evaluation)."""
 
     def check(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -65,7 +65,7 @@ def _latched(column: str, absent: str, fires: "callable") -> "callable":  # type
     return check
 
 
-def _latched_twin(column: str, condition: str, description: str) -> "callable":  # type: ignore[valid-type]
+def _latched_twin(column: str, condition: str, description: str) -> Callable[[Thresholds], list[Twin]]:
     """The twin of a ``_latched`` check: the newest value of ``column`` meets ``condition``."""
 
     def twin(th: Thresholds) -> list[Twin]:
@@ -89,7 +89,7 @@ _remapped_high_twin = _latched_twin(
 # -- XIDs -------------------------------------------------------------------------------------------
 
 
-def _xid_check(codes: tuple[int, ...] | None, exclude: tuple[int, ...] = ()) -> "callable":  # type: ignore[valid-type]
+def _xid_check(codes: tuple[int, ...] | None, exclude: tuple[int, ...] = ()) -> Check:
     """XIDs of ``codes`` (``None``: any code not in ``exclude``) in the XID window, per GPU."""
 
     def check(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -120,7 +120,7 @@ def _xid_selector(codes: Iterable[int], negate: bool = False) -> str:
     return f'{metric}{{xid{"!~" if negate else "=~"}"{regex}"}}'
 
 
-def _xid_twin(codes: Iterable[int], negate: bool = False) -> "callable":  # type: ignore[valid-type]
+def _xid_twin(codes: Iterable[int], negate: bool = False) -> Callable[[Thresholds], list[Twin]]:
     def twin(th: Thresholds) -> list[Twin]:
         sel, w = _xid_selector(codes, negate), prom_duration(th.xid_window_seconds)
         # a code's counter series starts at its first event (at 1): increase() misses that first

@@ -152,19 +152,19 @@ class VllmSource(ServerScraper):
                     log.exception("vLLM server %s: final sample failed", srv.identity.url)
                     out.extend(self._failed(srv, now, exc))
         for key, p in live.items():
-            srv = self._servers.get(key)
-            if srv is None:
+            tracked = self._servers.get(key)
+            if tracked is None:
                 ident = InstanceIdentity(
                     host=p.host, port=p.port, url=f"http://{_url_host(p.host)}:{p.port}", origin="discovered",
                     pid=p.pid, process_start=p.create_time, first_seen=now,
                 )
-                srv = TrackedServer(
+                tracked = TrackedServer(
                     ident, Lifecycle(first_seen=now, process_start=p.create_time, hang_after=self.hang_after)
                 )
-                self._servers[key] = srv
+                self._servers[key] = tracked
                 log.info("vLLM server found: pid %d on %s", p.pid, ident.url)
-            srv.pids = p.pids
-            srv.process = p
+            tracked.pids = p.pids
+            tracked.process = p
         for url in self.static_urls:
             key = _key_of_url(url)
             if key not in self._servers:
