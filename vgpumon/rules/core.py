@@ -1,6 +1,6 @@
 """What a rule is (``Rule``), what evaluating it says (``Finding``), and what its Prometheus twin
-is (``Twin``). Pure data and small helpers; the checks live in ``vgpumon.rules.gpu``, ``pcie``,
-``leak``, ``vllm`` and ``source``; the one list of rules is ``vgpumon.rules.catalogue.RULES``.
+is (``Twin``). Pure data and small helpers; the checks live in ``vgpumon.rules.gpu``, ``gpu_usage``,
+``pcie``, ``leak``, ``vllm`` and ``source``; the one list of rules is ``vgpumon.rules.catalogue.RULES``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The vLLM source: finds the host's vLLM servers, scrapes them concurrently, keeps each one's
-state, and hands the agent one ``ServerSample`` per server per poll.
+state, and hands the agent one ``ServerSample`` per server per poll. This module supervises the
+set of servers (discovery, static targets, the polling loop, idle discovery, shutdown); the poll
+of one server (its requests, readings, the door and its sample) is ``scrape.ServerScraper``, and
+the GPU activity the prewarm figure reads is ``activity.GpuActivityLog``.
 
 Isolation (ARCHITECTURE "Nothing blocks the loop"): every HTTP request has its own timeout and a
 response-size limit (an oversized body is an error, read no further than the limit); requests to
@@ -16,14 +19,10 @@ stops asking for that server's lifetime.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import json
 import logging
 import time
-from array import array
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -32,133 +31,16 @@ from vgpumon import catalogue
 from vgpumon.base.pacing import sleep_unless
 from vgpumon.base.workers import Latch, name_os_thread
 from vgpumon.catalogue import Door
-from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState, Snapshot
-from vgpumon.sources.vllm import kv
-from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
+from vgpumon.model import InstanceIdentity, ServerSample, Snapshot
+from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
-from vgpumon.sources.vllm.metrics import (
-    MetricsParseError,
-    MetricsReading,
-    parse_metrics,
-    parse_version,
-    prefix_cache_unit,
-)
-from vgpumon.sources.vllm.state import (
-    CONNECTION,
-    REFUSED,
-    TIMEOUT,
-    TOO_LARGE,
-    Lifecycle,
-    Observation,
-)
+from vgpumon.sources.vllm.scrape import ServerScraper, TrackedServer
+from vgpumon.sources.vllm.state import Lifecycle
+
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "GpuActivityLog", "VllmSource"]
 
 log = logging.getLogger(__name__)
-#: ``vllm_samples`` fields whose values come from outside (a server's answers, psutil) and are
-#: checked at the door; the others are the source's own (state, reasons, flags).
-_ADMITTED = frozenset(f.name for f in catalogue.fields_of("vllm_samples") if f.kind in ("gauge", "counter")) | {
-    "sleep_state",
-    "health_status",
-}
-
 DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # a real 0.32 scrape is ~50 kB; many LoRA adapters × buckets stay far below
-_ACCEPT_METRICS = "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5"
-
-
-class GpuActivityLog:
-    """Recent per-GPU activity from the agent's snapshots, for the prewarm window.
-
-    Keeps ``max_age`` seconds (default 2 h: a cold start with graph capture can take many minutes).
-    SM activity comes from GPM (``sm_active_ratio``); a GPU without GPM contributes
-    ``utilization.gpu``, labelled as such. Held per GPU in typed arrays (17 bytes a reading, not a
-    tuple of objects: 2 h of 8 GPUs at 1 s is 1 MB instead of about 7), appended by the agent's
-    sampling thread and read by the event loop (``mean`` reads no further than all three arrays
-    reach).
-    """
-
-    _SOURCES = ("gpm", "utilization")
-
-    def __init__(self, max_age: float = 7200.0) -> None:
-        self.max_age = max_age
-        # GPU UUID → (times, ratios, source: 0 gpm, 1 utilization), oldest first
-        self._gpus: dict[str, tuple[array, array, array]] = {}
-
-    def observe(self, snap: Snapshot) -> None:
-        cutoff = snap.ts - self.max_age
-        for s in snap.samples:
-            if s.sm_active_ratio is not None:
-                ratio, src = s.sm_active_ratio, 0
-            elif s.utilization_gpu_ratio is not None:
-                ratio, src = s.utilization_gpu_ratio, 1
-            else:
-                continue
-            log_ = self._gpus.get(s.uuid)
-            if log_ is None:
-                log_ = self._gpus[s.uuid] = (array("d"), array("d"), array("b"))
-            times = log_[0]
-            if times and times[0] < cutoff:
-                old = bisect.bisect_left(times, cutoff)
-                if old >= 256 or old * 8 >= len(times):  # in batches: a copy per tick would cost more
-                    log_ = self._gpus[s.uuid] = (times[old:], log_[1][old:], log_[2][old:])  # replaced whole
-            log_[0].append(s.ts)
-            log_[1].append(ratio)
-            log_[2].append(src)
-
-    def mean(self, uuids: Iterable[str], start: float, end: float) -> tuple[float, str] | None:
-        """Mean activity ratio of these GPUs over ``start <= ts <= end`` and its source
-        (``"gpm"``, ``"utilization"`` or ``"mixed"``); ``None`` without samples."""
-        total, n, srcs = 0.0, 0, set()
-        for uuid in set(uuids):
-            log_ = self._gpus.get(uuid)
-            if log_ is None:
-                continue
-            times, ratios, sources = log_
-            reach = min(len(times), len(ratios), len(sources))  # an append may be half done
-            lo = bisect.bisect_left(times, start, 0, reach)
-            hi = bisect.bisect_right(times, end, lo, reach)
-            if hi > lo:
-                total += sum(ratios[lo:hi])
-                n += hi - lo
-                srcs.update(sources[lo:hi])
-        if not n:
-            return None
-        return total / n, (self._SOURCES[srcs.pop()] if len(srcs) == 1 else "mixed")
-
-
-@dataclass
-class _Reply:
-    status: int | None = None
-    body: bytes | bytearray | None = None
-    error: str | None = None
-    content_type: str = ""
-
-    def json(self) -> Any:
-        if self.status != 200 or self.body is None:
-            return None
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
-
-
-@dataclass
-class _Server:
-    identity: InstanceIdentity
-    lifecycle: Lifecycle
-    pids: tuple[int, ...] = ()
-    deriver: IntervalDeriver = field(default_factory=IntervalDeriver)
-    version: str | None = None
-    models: tuple[str, ...] | None = None
-    caps: dict[str, bool] = field(default_factory=dict)  # endpoint → answers (False after a 404)
-    prev_fingerprint: Any = None
-    prev_cpu: Mapping[int, float] | None = None
-    prev_cpu_ts: float | None = None
-    gpus_seen: set[str] = field(default_factory=set)
-    prewarm_activity: tuple[float, str] | None = None
-    last: ServerSample | None = None
-    process: VllmProcess | None = None  # as last discovered (None for static targets)
-    engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
-    partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
-    rejecting: bool = False  # the last poll had values refused at the door (logged when it starts)
 
 
 def _key_of_url(url: str) -> tuple[str, int]:
@@ -166,7 +48,7 @@ def _key_of_url(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-class VllmSource:
+class VllmSource(ServerScraper):
     """Discovers and scrapes the vLLM servers of one host.
 
     Args:
@@ -212,7 +94,7 @@ class VllmSource:
         self.activity = activity or GpuActivityLog()
         self._session = session
         self._own_session = session is None
-        self._servers: dict[tuple[str, int], _Server] = {}
+        self._servers: dict[tuple[str, int], TrackedServer] = {}
         self._gpu_pids: dict[str, set[int]] = {}
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm", initializer=name_os_thread)
         # every value from a server passes the field catalogue's door; rejections counted per field
@@ -242,9 +124,6 @@ class VllmSource:
         ``diagnose --stacks`` may dump, and no others."""
         return {s.identity.url: s.process for s in self._servers.values() if s.process is not None}
 
-    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
-
     async def poll(self) -> list[ServerSample]:
         """One poll of every server: discovery, concurrent scrapes, state, derived figures.
 
@@ -273,24 +152,26 @@ class VllmSource:
                     log.exception("vLLM server %s: final sample failed", srv.identity.url)
                     out.extend(self._failed(srv, now, exc))
         for key, p in live.items():
-            srv = self._servers.get(key)
-            if srv is None:
+            tracked = self._servers.get(key)
+            if tracked is None:
                 ident = InstanceIdentity(
                     host=p.host, port=p.port, url=f"http://{_url_host(p.host)}:{p.port}", origin="discovered",
                     pid=p.pid, process_start=p.create_time, first_seen=now,
                 )
-                srv = _Server(ident, Lifecycle(first_seen=now, process_start=p.create_time, hang_after=self.hang_after))
-                self._servers[key] = srv
+                tracked = TrackedServer(
+                    ident, Lifecycle(first_seen=now, process_start=p.create_time, hang_after=self.hang_after)
+                )
+                self._servers[key] = tracked
                 log.info("vLLM server found: pid %d on %s", p.pid, ident.url)
-            srv.pids = p.pids
-            srv.process = p
+            tracked.pids = p.pids
+            tracked.process = p
         for url in self.static_urls:
             key = _key_of_url(url)
             if key not in self._servers:
                 ident = InstanceIdentity(
                     host=key[0], port=key[1], url=url, origin="static", pid=None, process_start=None, first_seen=now
                 )
-                self._servers[key] = _Server(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
+                self._servers[key] = TrackedServer(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
         servers = list(self._servers.values())
         if servers and self._session is None:  # made when there is a server to ask, not before
             self._session = aiohttp.ClientSession(
@@ -306,18 +187,6 @@ class VllmSource:
                 continue
             out.append(smp)
         return out
-
-    def _failed(self, srv: _Server, now: float, exc: Exception) -> list[ServerSample]:
-        """The sample of a poll that raised: the server's state as it stood, the error as the
-        reason, nothing measured. One server's failure thus costs only its own poll, and the
-        store still shows that the poll happened and why it has no figures."""
-        try:
-            smp = replace(self._sample(srv, now), reason=f"poll failed: {type(exc).__name__}: {exc}"[:200])
-        except Exception:  # noqa: BLE001 - not even that: the gap is logged above
-            log.exception("vLLM server %s: no sample for this poll", srv.identity.url)
-            return []
-        srv.last = smp
-        return [smp]
 
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[ServerSample]]:
         """Poll every ``interval`` seconds (monotonic wall clock) until ``stop`` is set.
@@ -373,312 +242,6 @@ class VllmSource:
             self._session = None
         self._exec.shutdown(wait=False)
 
-    # -- one server ----------------------------------------------------------------------------
-
-    async def _get(self, url: str, *, accept: str | None = None) -> _Reply:
-        assert self._session is not None
-        headers = {"Accept": accept} if accept else {}
-        try:
-            async with self._session.get(
-                url, headers=headers, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.request_timeout)
-            ) as r:
-                if r.content_length is not None and r.content_length > self.max_response_bytes:
-                    return _Reply(status=r.status, error=TOO_LARGE)
-                body = bytearray()
-                async for chunk in r.content.iter_chunked(1 << 16):
-                    body += chunk
-                    if len(body) > self.max_response_bytes:
-                        return _Reply(status=r.status, error=TOO_LARGE)
-                # the bytearray itself: a bytes() copy would hold the body twice while it is read
-                return _Reply(status=r.status, body=body, content_type=r.headers.get("Content-Type", ""))
-        except asyncio.TimeoutError:
-            return _Reply(error=TIMEOUT)
-        except aiohttp.ClientConnectorError as exc:
-            refused = isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower()
-            return _Reply(error=REFUSED if refused else CONNECTION)
-        except (aiohttp.ClientError, OSError):
-            return _Reply(error=CONNECTION)
-
-    def _ended(self, srv: _Server, now: float) -> ServerSample:
-        """The last sample of a discovered server whose process is gone (or was replaced)."""
-        lc = srv.lifecycle
-        lc.step(Observation(ts=now, process_alive=False, health_status=None))
-        smp = self._sample(srv, now, ended=True)
-        srv.last = smp
-        log.info("vLLM server pid %s on %s gone (%s)", srv.identity.pid, srv.identity.url, lc.state.value)
-        return smp
-
-    async def _poll_one(self, srv: _Server, now: float) -> ServerSample:
-        base = srv.identity.url
-        t0 = time.perf_counter()
-        lc = srv.lifecycle
-        requests: dict[str, Any] = {
-            "health": self._get(base + "/health"),
-            "metrics": self._get(base + "/metrics", accept=_ACCEPT_METRICS),
-        }
-        if srv.version is None and srv.caps.get("version", True):
-            requests["version"] = self._get(base + "/version")
-        if lc.ready_ts is not None:
-            if srv.models is None and srv.caps.get("models", True):
-                requests["models"] = self._get(base + "/v1/models")
-            for name, path in (("load", "/load"), ("is_sleeping", "/is_sleeping"), ("stats", "/stats")):
-                if srv.caps.get(name, True):
-                    requests[name] = self._get(base + path)
-        if srv.identity.origin == "discovered" and srv.pids:
-            requests["usage"] = self._offload(self.processes.usage, srv.pids)
-        replies = dict(zip(requests, await asyncio.gather(*requests.values())))
-        scrape_seconds = time.perf_counter() - t0
-        for name in ("version", "models", "load", "is_sleeping", "stats"):
-            rep = replies.get(name)
-            if isinstance(rep, _Reply) and rep.status is not None:
-                if rep.status == 404:
-                    srv.caps[name] = False
-                elif rep.status == 200:
-                    srv.caps[name] = True
-        health: _Reply = replies["health"]
-        if srv.identity.origin == "static" and lc.state is ServerState.DEAD and health.status == 200:
-            # a static target answers again after it died: a new start of that server
-            ident = replace(srv.identity, first_seen=now)
-            srv = _Server(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
-            self._servers[(ident.host, ident.port)] = srv
-            lc = srv.lifecycle
-        if (v := replies.get("version")) is not None and (doc := v.json()) and isinstance(doc, dict):
-            srv.version = str(doc.get("version")) if doc.get("version") is not None else None
-        if (m := replies.get("models")) is not None and (doc := m.json()) and isinstance(doc, dict):
-            ids = [d.get("id") for d in doc.get("data", []) if isinstance(d, dict) and d.get("id")]
-            srv.models = tuple(str(i) for i in ids)
-
-        reading: MetricsReading | None = None
-        metrics: _Reply = replies["metrics"]
-        metrics_error: str | None = None
-        if metrics.error is not None:
-            metrics_error = metrics.error
-        elif metrics.status != 200:
-            metrics_error = f"HTTP {metrics.status}"
-        else:
-            body = metrics.body or b""
-            om = metrics.content_type.startswith("application/openmetrics-text")
-            try:
-                reading = await self._offload(lambda: parse_metrics(body, openmetrics=om))
-            except MetricsParseError as exc:
-                metrics_error = str(exc)
-            del body
-            metrics.body = None  # what the reading keeps is all that stays of the body
-            if reading is not None and reading.lines_dropped and not srv.partial:
-                log.warning("vLLM server %s: %d /metrics lines unreadable; telemetry partial", base, reading.lines_dropped)
-            srv.partial = bool(reading and reading.lines_dropped)
-        stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
-        load_doc = replies["load"].json() if "load" in replies else None
-        server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
-        sleeping_doc = replies["is_sleeping"].json() if "is_sleeping" in replies else None
-        derived: dict[str, float | None] = {}
-        running = waiting = kv_usage = kv_mean = None
-        sleep_state = None
-        if reading is not None:
-            derived = srv.deriver.step(now, reading)
-            running, waiting = reading.running, reading.waiting
-            kv_usage, kv_mean = reading.kv_cache_usage_ratio, reading.kv_cache_usage_mean_ratio
-            sleep_state = reading.sleep_state
-        running = running if running is not None else stats.get("running")
-        waiting = waiting if waiting is not None else stats.get("waiting")
-        kv_usage = kv_usage if kv_usage is not None else stats.get("kv_cache_usage")
-        # The door (the field catalogue's ranges), before anything is derived from these: a
-        # running count of 1e16, a KV usage of 1.7 or a negative queue is refused and counted.
-        rejected: dict[str, str] = dict(reading.rejected) if reading is not None else {}
-        self.rejected.update({name: 1 for name in rejected})
-        first = {"running": running, "waiting": waiting, "kv_cache_usage_ratio": kv_usage, "kv_cache_usage_mean_ratio": kv_mean}
-        rejected.update(self.door.check_row(first, first))
-        running, waiting = first["running"], first["waiting"]
-        kv_usage, kv_mean = first["kv_cache_usage_ratio"], first["kv_cache_usage_mean_ratio"]
-        work = None if running is None and waiting is None else (running or 0.0) + (waiting or 0.0)
-        sleeping: bool | None = None
-        if sleep_state is not None:
-            sleeping = sleep_state != "awake"
-        elif isinstance(sleeping_doc, dict) and isinstance(sleeping_doc.get("is_sleeping"), bool):
-            sleeping = sleeping_doc["is_sleeping"]
-            sleep_state = "asleep" if sleeping else "awake"
-        alive: bool | None = None if srv.identity.origin == "static" else True
-        was_ready = lc.ready_ts is not None
-        lc.step(
-            Observation(
-                ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
-                metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
-                tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
-                engine_lost=self._engine_lost(srv, health.status == 200),
-            )
-        )
-        if reading is not None:
-            fp = gauge_fingerprint(reading)
-            lc.note_frozen(fp == srv.prev_fingerprint)
-            srv.prev_fingerprint = fp
-        # GPUs: any NVML compute process that belongs to the server's process tree
-        tree = set(srv.pids)
-        gpus = tuple(sorted(u for u, pids in self._gpu_pids.items() if pids & tree))
-        if not was_ready:
-            srv.gpus_seen.update(gpus)
-        if not was_ready and lc.ready_ts is not None:
-            srv.prewarm_activity = self.activity.mean(srv.gpus_seen or gpus, lc.start_ts, lc.ready_ts)
-            if lc.prewarm_seconds is None:
-                log.info("vLLM server %s ready (its prewarm time is not known)", srv.identity.url)
-            else:
-                log.info("vLLM server %s ready; prewarm %.1f s", srv.identity.url, lc.prewarm_seconds)
-        usage = replies.get("usage")
-        rss = cpu_rate = None
-        if usage is not None:
-            rss = usage.rss_bytes
-            if srv.prev_cpu is not None and srv.prev_cpu_ts is not None and now > srv.prev_cpu_ts:
-                common = set(usage.cpu_seconds) & set(srv.prev_cpu)
-                if common:
-                    cpu_rate = sum(max(usage.cpu_seconds[p] - srv.prev_cpu[p], 0.0) for p in common) / (now - srv.prev_cpu_ts)
-            srv.prev_cpu, srv.prev_cpu_ts = usage.cpu_seconds, now
-        cache = reading.cache if reading is not None else None
-        est = kv.estimate(
-            running=running, kv_usage_ratio=kv_usage,
-            block_size=(cache.block_size if cache else None) or stats.get("block_size"),
-            num_gpu_blocks=(cache.num_gpu_blocks if cache else None) or stats.get("num_gpu_blocks"),
-            kv_cache_size_tokens=cache.kv_cache_size_tokens if cache else None,
-            hybrid=cache.hybrid if cache else None,
-        )
-        version_t = parse_version(srv.version)
-        values: dict[str, Any] = dict(
-            health_status=health.status,
-            metric_lines_dropped=reading.lines_dropped if reading is not None else None,
-            kv_block_size=(cache.block_size if cache else None) or stats.get("block_size"),
-            kv_num_gpu_blocks=(cache.num_gpu_blocks if cache else None) or stats.get("num_gpu_blocks"),
-            kv_cache_size_tokens=cache.kv_cache_size_tokens if cache else None,
-            kv_blocks_used=est.blocks_used if est else None,
-            kv_fragmentation_ratio=est.fragmentation_ratio if est else None,
-            kv_token_occupancy_ratio=est.token_occupancy_ratio if est else None,
-            sleep_state=sleep_state,
-            server_load=server_load,
-            rss_bytes=rss,
-            cpu_seconds_per_second=cpu_rate,
-            **{k: v for k, v in derived.items() if k != "tokens_advanced"},
-        )
-        rejected.update(self.door.check_row(values, [n for n in values if n in _ADMITTED]))
-        smp = self._sample(
-            srv, now,
-            metrics_error=metrics_error,
-            telemetry=_telemetry(reading, stats),
-            running=running, waiting=waiting, kv_cache_usage_ratio=kv_usage, kv_cache_usage_mean_ratio=kv_mean,
-            prefix_cache_unit=prefix_cache_unit(reading, version_t) if reading is not None else None,
-            kv_estimate_approximate=est.approximate if est else None,
-            gauges_stale=lc.stale,
-            gpu_uuids=gpus,
-            engines=self._engines(reading, rejected) if reading is not None else (),
-            scrape_seconds=scrape_seconds,
-            generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
-            engine_labels=reading.engines if reading is not None else (),
-            label_models=reading.model_names if reading is not None else (),
-            reading=reading,
-            rejected=rejected,
-            **values,
-        )
-        if rejected and not srv.rejecting:
-            log.warning("vLLM server %s: impossible values refused: %s", base, "; ".join(f"{k} {v}" for k, v in rejected.items()))
-        srv.rejecting = bool(rejected)
-        srv.last = smp
-        return smp
-
-    def _engines(self, reading: MetricsReading, rejected: dict[str, str]) -> tuple[EngineSample, ...]:
-        """Per-engine samples, each value through the door (an engine's impossible figure is
-        ``None``; its reason names the engine)."""
-        out = []
-        for (model, engine), s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1]))):
-            if not s.gauges:
-                continue
-            row = {"running": s.gauges.get("running"), "waiting": s.gauges.get("waiting"),
-                   "kv_cache_usage_ratio": s.gauges.get("kv_cache_usage")}
-            for name, reason in self.door.check_row(row, row).items():
-                rejected.setdefault(name, f"{reason} (model {model}, engine {engine})")
-            out.append(EngineSample(model_name=model, engine=engine, **row))
-        return tuple(out)
-
-    @staticmethod
-    def _engine_lost(srv: _Server, healthy: bool) -> str | None:
-        """Why the server's engine counts as lost: an engine process seen in its tree since
-        ``/health`` first answered 200 is gone (or a zombie) while the API process lives. The
-        process table is read at every poll, so the loss shows at the first poll after it."""
-        p = srv.process
-        if p is None:
-            return None
-        now = set(p.engine_pids)
-        gone = [pid for pid in srv.engines_seen if pid not in now]
-        if healthy or srv.engines_seen:
-            srv.engines_seen.update(dict.fromkeys(p.engine_pids))
-        if gone:
-            return f"engine lost (pid {', '.join(map(str, gone))} gone)"
-        return None
-
-    def _sample(self, srv: _Server, now: float, *, ended: bool = False, **values: Any) -> ServerSample:
-        lc = srv.lifecycle
-        act = srv.prewarm_activity
-        label_models = values.pop("label_models", ())
-        return ServerSample(
-            instance=srv.identity,
-            ts=now,
-            state=lc.state,
-            reason=lc.reason,
-            version=srv.version,
-            model_names=srv.models if srv.models is not None else label_models,
-            first_connect_ts=lc.first_connect_ts,
-            ready_ts=lc.ready_ts,
-            prewarm_seconds=lc.prewarm_seconds,
-            prewarm_gpu_active_ratio=act[0] if act else None,
-            prewarm_gpu_activity_source=act[1] if act else None,
-            ended=ended,
-            **values,
-        )
-
-
-def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
-    """``"down"`` (no reading, no ``/stats``), ``"partial"`` (lines of ``/metrics`` dropped),
-    ``"full"`` (``vllm:`` metrics or ``/stats``), else ``"limited"``."""
-    if reading is None:
-        return "full" if stats else "down"
-    if reading.lines_dropped:
-        return "partial"
-    return "full" if reading.has_vllm or stats else "limited"
-
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-#: JSON ``/stats`` field → canonical field. vLLM has no such endpoint; these are the names such
-#: sidecars use (documented in docs/vllm.md). Ratios given in percent (> 1) are divided by 100.
-STATS_FIELDS: dict[str, tuple[str, ...]] = {
-    "running": ("num_requests_running", "running", "num_running", "running_requests"),
-    "waiting": ("num_requests_waiting", "waiting", "num_waiting", "waiting_requests", "pending"),
-    "kv_cache_usage": ("kv_cache_usage", "kv_cache_usage_perc", "gpu_cache_usage", "gpu_cache_usage_perc"),
-    "block_size": ("block_size",),
-    "num_gpu_blocks": ("num_gpu_blocks", "total_blocks", "num_total_gpu_blocks"),
-    "free_blocks": ("num_free_gpu_blocks", "free_blocks", "free_gpu_blocks"),
-}
-
-
-def _stats_fields(doc: Any) -> dict[str, Any]:
-    """Canonical fields of a JSON ``/stats`` document (see ``STATS_FIELDS``); empty when the
-    document is absent or not an object."""
-    if not isinstance(doc, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for canon, names in STATS_FIELDS.items():
-        for n in names:
-            v = _num(doc.get(n))
-            if v is not None:
-                out[canon] = v
-                break
-    if "kv_cache_usage" in out and out["kv_cache_usage"] > 1.0:
-        out["kv_cache_usage"] /= 100.0
-    for k in ("block_size", "num_gpu_blocks"):
-        if k in out:
-            out[k] = int(out[k])
-    if "kv_cache_usage" not in out and out.get("num_gpu_blocks") and "free_blocks" in out and out["num_gpu_blocks"] > 1:
-        out["kv_cache_usage"] = 1.0 - out["free_blocks"] / (out["num_gpu_blocks"] - 1)
-    out.pop("free_blocks", None)
-    return out
