@@ -34,7 +34,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -148,6 +150,9 @@ def main() -> None:
     ap.add_argument("--marks", default="35,60,120", help="seconds after start whose RSS is reported")
     ap.add_argument("--bare", action="store_true", help="also run the bare 1 Hz nvidia-ml-py loop")
     ap.add_argument("--floor", action="store_true", help="also run the import-and-init floors")
+    ap.add_argument("--scrape-every", type=float, default=15.0, metavar="SECONDS",
+                    help="GET the agent's /metrics this often, as Prometheus would (0: never)")
+    ap.add_argument("--scrape-url", default="http://127.0.0.1:19400/metrics")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                     help="no GPU here: run the agent over bench/fake_nvml.py with N GPUs (for profiling; "
@@ -169,6 +174,20 @@ def main() -> None:
         procs["floor: imports + nvmlInit"] = subprocess.Popen([sys.executable, "-c", FLOOR], env=env)
         procs["floor: interpreter + nvmlInit"] = subprocess.Popen([sys.executable, "-c", FLOOR_BARE], env=env)
     t0 = time.monotonic()
+    scrapes = {"ok": 0, "failed": 0}
+    done = threading.Event()
+
+    def scrape() -> None:  # Prometheus' part: the agent's /metrics every --scrape-every seconds
+        while not done.wait(args.scrape_every):
+            try:
+                with urllib.request.urlopen(args.scrape_url, timeout=10) as r:  # noqa: S310  the agent on loopback
+                    r.read()
+                scrapes["ok"] += 1
+            except OSError:
+                scrapes["failed"] += 1
+
+    if args.scrape_every > 0:
+        threading.Thread(target=scrape, daemon=True).start()
     series: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in procs}
     agent_threads: list[tuple[float, dict[str, float]]] = []
     try:
@@ -182,6 +201,7 @@ def main() -> None:
                     series[name].append((round(now, 2), *r))
             time.sleep(args.every - (time.monotonic() - t0 - now) % args.every)
     finally:
+        done.set()
         for p in procs.values():
             if p.poll() is None:
                 p.terminate()
@@ -215,8 +235,9 @@ def main() -> None:
         report.setdefault("agent", {})["threads_cpu_share"] = per
         print("agent threads, % of a core: " + ", ".join(f"{n} {v * 100:.3f}" for n, v in sorted(per.items(), key=lambda x: -x[1])))
     print(f"window: {args.measure:g} s after {args.warmup:g} s warm-up; agent: vgpumon agent {' '.join(extra)}")
+    print(f"/metrics scraped every {args.scrape_every:g} s: {scrapes['ok']} answered, {scrapes['failed']} failed")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "report": report}, indent=1))
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "report": report, "scrapes": scrapes}, indent=1))
 
 
 if __name__ == "__main__":
