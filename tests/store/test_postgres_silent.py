@@ -134,9 +134,12 @@ def test_one_connection_gone_silent_is_cut_while_another_still_answers(private_p
             engine.dispose()
 
     def script() -> None:
-        wait_for(lambda: writer() is not None, what="a backend that has written")
-        pid = writer()
-        assert pid is not None
+        # registered and writing ticks: the backend to freeze is the writer's, not registration's
+        wait_for(lambda: agent.stats.rows_written > 0, what="the first rows written")
+        found: list[int] = []
+        wait_for(lambda: found.append(w) is None if (w := writer()) is not None else False,
+                 what="a backend that has written")
+        pid = found[0]
         os.kill(pid, signal.SIGSTOP)
         try:
             wait_for(lambda: agent.stats.store_stalls > 0, what="the stuck write to be found")
