@@ -156,7 +156,40 @@ def test_compose_mounts_what_the_repository_has_and_pins_its_images():
     assert compose["services"]["grafana"]["image"].startswith("grafana/grafana:11.6")  # the SDK's build
     targets = yaml.safe_load((base / "targets" / "agents.yml").read_text())
     assert all(t.endswith(f":{DEFAULT_PORT}") for group in targets for t in group["targets"])
-    demo = " ".join(compose["services"]["vgpumon-demo"]["command"])
-    assert f"--listen 0.0.0.0:{DEFAULT_PORT}" in demo
-    for path in re.findall(r"tests/data/\S+", demo):
-        assert (ROOT / path).exists()
+    demo = compose["services"]["vgpumon-demo"]
+    command = " ".join(demo["command"])
+    assert f"--listen 0.0.0.0:{DEFAULT_PORT}" in command
+    # the capture it replays is in the directory it mounts
+    mounts = {v.split(":")[1]: (base / v.split(":")[0]).resolve() for v in demo["volumes"]}
+    (replayed,) = re.findall(r"--replay (\S+)", command)
+    mount, rel = next((m, replayed[len(m) + 1:]) for m in mounts if replayed.startswith(m + "/"))
+    assert (mounts[mount] / rel).exists(), replayed
+
+
+def test_the_manifests_name_the_image_the_containerfile_builds():
+    """The DaemonSet and the compose demo run the image of the repository's Containerfile, at
+    the package's version, with the entry point and default command they rely on."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    containerfile = (ROOT / "Containerfile").read_text()
+    assert f'org.opencontainers.image.version="{version}"' in containerfile
+    assert 'ENTRYPOINT ["vgpumon"]' in containerfile
+    assert f'CMD ["agent", "--listen", "0.0.0.0:{DEFAULT_PORT}"]' in containerfile
+    ds = _docs(EXPORTERS / "kubernetes" / "daemonset.yaml")["DaemonSet"]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"vgpumon:{version}"
+    compose = yaml.safe_load((EXPORTERS / "compose" / "docker-compose.yml").read_text())
+    demo = compose["services"]["vgpumon-demo"]
+    assert demo["image"] == f"vgpumon:{version}" and demo["build"]["dockerfile"] == "Containerfile"
+    assert (EXPORTERS / "compose" / demo["build"]["context"]).resolve() == ROOT
+    # what the build copies is in the repository, and nothing else goes into its context
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", containerfile, re.M):
+        for path in src.split():
+            assert (ROOT / path).exists(), path
+    rules = [ln for ln in (ROOT / ".containerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert rules[0] == "*"  # everything left out but what it names: no .git, .venv or store files
+    env = {e["name"]: e for e in c["env"]}
+    assert env["VGPUMON_API_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    mon = _docs(EXPORTERS / "kubernetes" / "servicemonitor.yaml")["ServiceMonitor"]
+    assert mon["metadata"]["labels"]["release"] == "kube-prometheus-stack"
