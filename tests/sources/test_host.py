@@ -50,3 +50,32 @@ def test_container_ids_from_cgroup_v1_and_v2():
     assert container_id_from_cgroup(f"12:memory:/docker/{CID}\n1:name=systemd:/docker/{CID}\n") == CID
     assert container_id_from_cgroup(f"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{CID}.scope\n") == CID
     assert container_id_from_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n") is None
+
+
+def test_a_gpu_process_command_line_keeps_no_secret():
+    """A vLLM server started with its API key and a Hugging Face token on its command line (as
+    people do): the agent reads it as root and would store and show it; the door masks the
+    values and keeps the rest, so the on-call still sees which server it is."""
+    key, token = "sk-live-0123456789abcdefghij", "hf_abcdefghijklmnopqrstuvwxyz012345"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", "serve", "tiny",
+                             "--api-key", key, f"--hf-token={token}", "--port", "8000", "--max-num-batched-tokens", "8192"])
+    try:
+        info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
+        assert info.resolved and info.cmdline is not None
+        assert key not in info.cmdline and token not in info.cmdline
+        assert "--api-key *** --hf-token=*** --port 8000 --max-num-batched-tokens 8192" in info.cmdline
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_masking_finds_the_secrets_people_put_in_command_lines_and_leaves_the_rest():
+    from vgpumon.base.masking import mask_command_line, mask_secrets
+
+    assert mask_command_line(["env", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx", "OPENAI_API_KEY=abc", "vllm"]) == \
+        "env HF_TOKEN=*** OPENAI_API_KEY=*** vllm"
+    assert mask_secrets("--password=hunter2 --db postgresql://u:pw@h/x") == "--password=*** --db postgresql://u:***@h/x"
+    assert mask_secrets("Authorization: Bearer eyJhbGciOi.J9.sig") == "Authorization: Bearer ***"
+    assert mask_secrets("a key sk-proj-ABCDEFGHIJKLMNOPQRSTUV in a log line") == "a key *** in a log line"
+    for plain in ("--max-tokens 12 --token-budget 5", "--port 8000 -tp 2", "2026-12-03 INFO ready"):
+        assert mask_secrets(plain) == plain

@@ -5,6 +5,10 @@ libpq keyword string (``password=secret``) or a URL's query (``?password=secret`
 prints text built from such a value goes through ``mask_secrets``: the CLI's error line, the
 agent's closing summary, ``vgpumon config show`` and, through ``MaskingFormatter``, every log line
 and traceback.
+
+Other programs' command lines carry secrets too (``vllm serve … --api-key sk-…``,
+``HF_TOKEN=hf_… python …``): the agent reads every GPU process's, as root, and stores and shows
+them; ``mask_command_line`` masks them at the door, before anything keeps them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,22 @@ MASK = "***"
 _URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s/]*)(?P<tail>@[^\s@/]*)")
 # password=..., token=... in a query string or a libpq keyword/value string.
 _KEY_VALUE = re.compile(r"(?i)(?P<head>\b(?:password|passwd|pwd|token|secret|api_key|apikey)\s*=\s*)(?P<secret>'[^']*'|[^\s&;,'\"]+)")
+# An environment assignment whose name says it holds a secret: HF_TOKEN=…, OPENAI_API_KEY=….
+_ENV_SECRET = re.compile(
+    r"(?P<head>\b[A-Za-z_][A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|CREDENTIALS?)"
+    r"[A-Za-z0-9_]*=)(?P<secret>[^\s]+)",
+    re.IGNORECASE,
+)
+# A command-line option whose name says it takes a secret, then its value (``--api-key X``,
+# ``--api-key=X``, ``--hf-token X``, ``--password=X``); ``--token-budget 5`` is not one.
+_OPTION_SECRET = re.compile(
+    r"(?P<head>(?<!\S)--?[A-Za-z0-9-]*(?:api-?key|token|secret|password|passwd|credentials?|access-key)"
+    r"(?:=|\s+))(?P<secret>[^\s-][^\s]*)",
+    re.IGNORECASE,
+)
+# Bearer tokens and provider keys by their shape, wherever they appear.
+_TOKEN_SHAPE = re.compile(r"\b(?:sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|xox[abpr]-[A-Za-z0-9\-]{10,})")
+_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)(?P<secret>[A-Za-z0-9._~+/\-]+=*)")
 
 
 def mask_secrets(text: str) -> str:
@@ -34,10 +54,25 @@ def mask_secrets(text: str) -> str:
     Returns:
         The text with each secret replaced by ``***`` (the same text when it holds none).
     """
-    if "=" not in text and "@" not in text:  # the common case: nothing that can hold a secret
-        return text
-    text = _URL_USERINFO.sub(lambda m: m["head"] + (MASK if m["secret"] else "") + m["tail"], text)
-    return _KEY_VALUE.sub(lambda m: m["head"] + MASK, text)
+    if "=" in text or "@" in text:
+        text = _URL_USERINFO.sub(lambda m: m["head"] + (MASK if m["secret"] else "") + m["tail"], text)
+        text = _KEY_VALUE.sub(lambda m: m["head"] + MASK, text)
+        text = _ENV_SECRET.sub(lambda m: m["head"] + MASK, text)
+    if "-" in text:
+        text = _OPTION_SECRET.sub(lambda m: m["head"] + MASK, text)
+        text = _TOKEN_SHAPE.sub(MASK, text)
+    elif "_" in text:
+        text = _TOKEN_SHAPE.sub(MASK, text)
+    if "earer" in text:
+        text = _BEARER.sub(lambda m: m["head"] + MASK, text)
+    return text
+
+
+def mask_command_line(argv: "list[str] | tuple[str, ...]") -> str:
+    """Another program's command line as one string (space-joined, as ``ps`` shows it) with its
+    secrets masked: the values of ``--api-key``, ``--hf-token``, ``--password`` and similar
+    options, ``*_TOKEN=``-style assignments, URL passwords and provider keys by their shape."""
+    return mask_secrets(" ".join(argv))
 
 
 class MaskingFormatter(logging.Formatter):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vgpumon import catalogue
+from vgpumon.base.masking import mask_command_line
 from vgpumon.catalogue import Door, Rejected
 from vgpumon.model import HostSample, ProcessInfo
 
@@ -153,7 +154,7 @@ class HostSource:
             resolved=True,
             start_time=start,
             name=attempt(proc.name),
-            cmdline=" ".join(cmdline) if cmdline else None,
+            cmdline=mask_command_line(cmdline) if cmdline else None,  # its secrets never stored
             username=attempt(proc.username),
             container_id=container_id_from_cgroup(cgroup),
         )
