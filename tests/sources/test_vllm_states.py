@@ -296,7 +296,7 @@ def test_metrics_failing_while_health_is_fine_is_telemetry_down(break_it, reason
         rig.server.hang.clear()
         assert (await rig.one()).state is S.IDLE  # back once /metrics answers again
 
-    run(t, max_response_bytes=8 << 20, request_timeout=0.3)
+    run(t, max_response_bytes=8 << 20, request_timeout=1.0)  # /health must answer within it on a loaded machine
 
 
 def test_health_timing_out_after_ready_is_hung():
