@@ -138,7 +138,11 @@ def test_a_sigint_the_parent_ignored_still_stops_the_agent_while_it_starts(tmp_p
     """``vgpumon agent &`` from a script starts it with SIGINT ignored. A ``kill -INT`` during
     start-up stops it (exit 0), as one after start-up does, instead of being lost."""
     proc = _recorded_agent(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    _stops_cleanly(proc, signal.SIGINT, lambda: time.sleep(0.3))  # importing the CLI, before the exec
+
+    def importing_the_cli() -> None:  # vgpumon's handlers in place, the CLI still importing (before the exec)
+        wait_for(lambda: has_vgpumon_handlers(proc.pid), what="vgpumon's signal handlers")
+
+    _stops_cleanly(proc, signal.SIGINT, importing_the_cli)
 
 
 def test_a_stop_that_landed_in_generated_code_during_start_up_still_exits_0(tmp_path):

@@ -50,7 +50,7 @@ def test_an_8_gpu_hour_replays_in_bounded_memory(tmp_path: Path) -> None:
     rc, peak_kib = map(int, out.stdout.split())
     assert rc == 0, out.stderr
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 48 * 76 * 8
+        assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 48 * 76 * 8, out.stderr[-2000:]
     assert peak_kib < 200 * 1000, f"peak RSS {peak_kib / 1024:.0f} MiB"
 
 

@@ -6,6 +6,7 @@ and what to do; a host nobody answers for is one line and exit 3."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -110,11 +111,13 @@ def test_an_hour_old_critical_stays_critical_and_says_its_age(tmp_path):
     out = run("diagnose", HOST, "--db", url, "--max-age", "2m")
     assert out.returncode == 2, out.stdout
     first = out.stdout.splitlines()[0]
-    assert first.startswith(f"CRITICAL {HOST}") and "60 min ago" in first and "STALE" in first, first
+    # an hour, plus however long the replay and this report took (a minute or two when loaded)
+    an_hour = re.compile(r"\b6[0-3] min (ago|old)")
+    assert first.startswith(f"CRITICAL {HOST}") and an_hour.search(first) and "STALE" in first, first
     rep = json.loads(run("diagnose", HOST, "--db", url, "--max-age", "2m", "--json").stdout)
-    assert rep["freshness"]["stale"] and 3590 < rep["freshness"]["age_seconds"] < 3700
+    assert rep["freshness"]["stale"] and 3590 < rep["freshness"]["age_seconds"] < 3600 + 240
     (stale,) = [f for f in rep["findings"] if f.get("kind") == "stale"]
-    assert stale["severity"] == "unknown" and "60 min old" in stale["message"]
+    assert stale["severity"] == "unknown" and an_hour.search(stale["message"]), stale["message"]
     # nothing worse known: UNKNOWN
     quiet_header, quiet_ticks = scenarios.load(str(H200_CAPTURE))
     quiet_ticks = list(quiet_ticks)
@@ -123,7 +126,7 @@ def test_an_hour_old_critical_stays_critical_and_says_its_age(tmp_path):
     _replay(quiet, tmp_path, *scenarios.shift(quiet_header, quiet_ticks, time.time() - 3600 - quiet_last), sysfs=False)
     out = run("diagnose", HOST, "--db", quiet, "--max-age", "2m")
     assert out.returncode == 3 and out.stdout.startswith(f"UNKNOWN {HOST}"), out.stdout
-    assert "60 min old" in out.stdout.splitlines()[1]
+    assert an_hour.search(out.stdout.splitlines()[1]), out.stdout
     assert run("diagnose", HOST, "--db", quiet).returncode == 0  # without --max-age: a post-mortem, OK
 
 

@@ -127,13 +127,13 @@ def install_signal_handlers(argv: list[str]) -> None:
     A SIGINT ignored by the parent (``vgpumon agent &`` in a script) is taken over too: the event
     loop's handler stops the agent on SIGINT later in any case, as a Go exporter's
     ``signal.Notify`` would, so it does from the first moment rather than only after start-up."""
-    # SIGALRM's default action would end the agent while it starts (the lean process keeps this
-    # for its whole life: ``agent.process.ignore_alarms``); every command takes it over, so that
-    # its handler in /proc/PID/status (SigCgt) says "vgpumon's own handlers are in place" to a
-    # supervisor or a test (a Ctrl-C before that lands in the interpreter's start-up, where no
-    # program can catch it: Python's exit then is -2, not 130)
-    signal.signal(signal.SIGALRM, no_alarm)
     if stops_cleanly(argv):
         signal.signal(signal.SIGTERM, ask_stop)
         signal.signal(signal.SIGINT, ask_stop)
         sys.unraisablehook = quiet_lost_interrupts
+    # SIGALRM's default action would end the agent while it starts (the lean process keeps this
+    # for its whole life: ``agent.process.ignore_alarms``); every command takes it over, last, so
+    # that its handler in /proc/PID/status (SigCgt) says "vgpumon's own handlers are in place" to
+    # a supervisor or a test (a Ctrl-C before that lands in the interpreter's start-up, where no
+    # program can catch it: Python's exit then is -2, not 130)
+    signal.signal(signal.SIGALRM, no_alarm)
