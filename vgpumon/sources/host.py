@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vgpumon import catalogue
 from vgpumon.base.masking import mask_command_line
 from vgpumon.catalogue import Door, Rejected
 from vgpumon.model import HostSample, ProcessInfo
+
+if TYPE_CHECKING:
+    import psutil
+
+_T = TypeVar("_T")
 
 # Container ids in cgroup paths: docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope,
 # /docker/<id>, /kubepods/.../<id> — all 64 hex digits.
@@ -44,10 +51,12 @@ class HostSource:
 
     name = "host"
 
-    def __init__(self, psutil_module: Any = None, *, proc_root: str | Path = "/proc") -> None:
+    def __init__(self, psutil_module: ModuleType | None = None, *, proc_root: str | Path = "/proc") -> None:
         if psutil_module is None:
-            import psutil as psutil_module
-        self.psutil = psutil_module
+            import psutil as default_psutil
+
+            psutil_module = default_psutil
+        self.psutil: ModuleType = psutil_module
         self.proc_root = Path(proc_root)
         self._static: dict[tuple[int, float], ProcessInfo] = {}
         self._primed = False
@@ -63,9 +72,9 @@ class HostSource:
         """
         ps = self.psutil
         missing: dict[str, str] = {}
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # HostSample's keyword arguments, as the door admitted them
 
-        def put(name: str, raw: Any, scale: float = 1.0) -> None:
+        def put(name: str, raw: float | None, scale: float = 1.0) -> None:
             if raw is None:
                 return
             try:
@@ -80,6 +89,7 @@ class HostSource:
         vm = ps.virtual_memory()
         put("memory_total_bytes", vm.total)
         put("memory_used_bytes", vm.total - vm.available)
+        loads: tuple[float | None, float | None, float | None]
         try:
             loads = os.getloadavg()
         except OSError:
@@ -95,7 +105,7 @@ class HostSource:
     def _checked(self, p: ProcessInfo, missing: dict[str, str]) -> ProcessInfo:
         """The process with its RSS and CPU time checked at the door (an impossible one is
         ``None``, its reason in ``missing`` with the pid)."""
-        bad: dict[str, Any] = {}
+        bad: set[str] = set()
         for name in ("rss_bytes", "cpu_seconds_total"):
             raw = getattr(p, name)
             if raw is None:
@@ -103,9 +113,15 @@ class HostSource:
             try:
                 self.door.value(name, raw)
             except Rejected as exc:
-                bad[name] = None
+                bad.add(name)
                 missing[name] = f"{exc.reason} (pid {p.pid})"
-        return replace(p, **bad) if bad else p
+        if not bad:
+            return p
+        return replace(
+            p,
+            rss_bytes=None if "rss_bytes" in bad else p.rss_bytes,
+            cpu_seconds_total=None if "cpu_seconds_total" in bad else p.cpu_seconds_total,
+        )
 
     def _process(self, pid: int) -> ProcessInfo:
         ps = self.psutil
@@ -135,10 +151,10 @@ class HostSource:
         except ps.AccessDenied:
             return ProcessInfo(pid=pid, resolved=False, unresolved_reason="access denied")
 
-    def _describe(self, proc: Any, pid: int, start: float) -> ProcessInfo:
+    def _describe(self, proc: psutil.Process, pid: int, start: float) -> ProcessInfo:
         ps = self.psutil
 
-        def attempt(fn: Any) -> Any:
+        def attempt(fn: Callable[[], _T]) -> _T | None:
             try:
                 return fn()
             except ps.AccessDenied:

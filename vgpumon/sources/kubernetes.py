@@ -25,13 +25,14 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Protocol
 
 from vgpumon.base.pacing import sleep_unless
 from vgpumon.base.workers import name_os_thread
-from vgpumon.model import HostSample, Snapshot, SourceStatus
+from vgpumon.model import HostSample, ProcessInfo, Snapshot, SourceStatus
 from vgpumon.model.kubernetes import (
     DeviceAllocations,
     GpuAttribution,
@@ -100,8 +101,41 @@ def _frozen(groups: Mapping[str, set[PodContainer]]) -> Mapping[str, tuple[PodCo
     return MappingProxyType({k: tuple(sorted(v)) for k, v in sorted(groups.items())})
 
 
+class _DeviceAnswer(Protocol):
+    resource_name: str
+    device_ids: Sequence[str]
+
+
+class _ClaimResourceAnswer(Protocol):
+    driver_name: str
+    pool_name: str
+    device_name: str
+
+
+class _ClaimAnswer(Protocol):
+    claim_resources: Sequence[_ClaimResourceAnswer]
+
+
+class _ContainerAnswer(Protocol):
+    name: str
+    devices: Sequence[_DeviceAnswer]
+    dynamic_resources: Sequence[_ClaimAnswer]
+
+
+class _PodAnswer(Protocol):
+    namespace: str
+    name: str
+    containers: Sequence[_ContainerAnswer]
+
+
+class PodResourcesAnswer(Protocol):
+    """What ``allocations_from_answer`` reads of a ``ListPodResourcesResponse`` (api.proto)."""
+
+    pod_resources: Sequence[_PodAnswer]
+
+
 def allocations_from_answer(
-    answer: Any, ts: float, resource_prefixes: Iterable[str] = GPU_RESOURCE_PREFIXES
+    answer: PodResourcesAnswer, ts: float, resource_prefixes: Iterable[str] = GPU_RESOURCE_PREFIXES
 ) -> DeviceAllocations:
     """GPU devices of a ``ListPodResourcesResponse`` (pod-resources API v1).
 
@@ -151,7 +185,7 @@ class PodResourcesClient:
         *,
         timeout: float = 5.0,
         resource_prefixes: Iterable[str] = GPU_RESOURCE_PREFIXES,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.socket_path = os.path.abspath(os.fspath(socket_path))
         self.timeout = timeout
@@ -197,12 +231,13 @@ class PodResourcesClient:
         with grpc.insecure_channel(f"unix://{path}", options=options) as channel:
             stub = api_pb2_grpc.PodResourcesListerStub(channel)
             try:
-                answer = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+                # protobuf's builder makes the message classes at import: the module has no stub
+                answer = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)  # type: ignore[attr-defined]
             except grpc.RpcError as exc:
                 raise self._classify(exc) from exc
         return allocations_from_answer(answer, self.clock(), self.resource_prefixes)
 
-    def _classify(self, exc: Any) -> PodResourcesError:
+    def _classify(self, exc: Exception) -> PodResourcesError:
         import grpc
 
         code = exc.code() if hasattr(exc, "code") else None
@@ -241,7 +276,7 @@ class KubernetesSource:
         *,
         period: float = 30.0,
         stale_after: float | None = None,
-        monotonic: Any = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client if client is not None else PodResourcesClient()
         self.period = period
@@ -428,7 +463,7 @@ def attribute(
 
 
 def _process_owner(
-    p: Any, have_host: bool, ga: GpuAttribution, paired: Mapping[str, PodContainer], mixed: bool
+    p: ProcessInfo | None, have_host: bool, ga: GpuAttribution, paired: Mapping[str, PodContainer], mixed: bool
 ) -> tuple[PodContainer | None, str | None]:
     if p is None:
         return None, "process not looked up (no host sample)" if not have_host else "process not in the host sample"
@@ -450,9 +485,15 @@ def _process_owner(
     return None, "its container id and this GPU's holder do not pair one to one across the host's GPUs"
 
 
-def attach(snapshot: Snapshot, allocations: DeviceAllocations | None, **kwargs: Any) -> Snapshot:
-    """The snapshot with ``kubernetes`` set from ``attribute(snapshot, allocations, **kwargs)``;
+def attach(
+    snapshot: Snapshot,
+    allocations: DeviceAllocations | None,
+    *,
+    host: HostSample | None = None,
+    mig_parents: Mapping[str, str] | None = None,
+) -> Snapshot:
+    """The snapshot with ``kubernetes`` set from ``attribute(snapshot, allocations, ...)``;
     unchanged when ``allocations`` is ``None`` (no kubelet, or its answer is stale)."""
     if allocations is None:
         return snapshot
-    return dataclasses.replace(snapshot, kubernetes=attribute(snapshot, allocations, **kwargs))
+    return dataclasses.replace(snapshot, kubernetes=attribute(snapshot, allocations, host=host, mig_parents=mig_parents))

@@ -13,12 +13,11 @@ invented data, labelled as such; the rollup arithmetic it feeds is the store's o
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from vgpumon import catalogue
 from vgpumon.model import GpuIdentity, PcieHop
 from vgpumon.store import Store, StoredGpu
-from vgpumon.store.codec import ROLLUP_ROW_COLUMNS, encoder
+from vgpumon.store.codec import ROLLUP_ROW_COLUMNS, RollupRow, encoder
 
 _COL = {c: i for i, c in enumerate(ROLLUP_ROW_COLUMNS)}
 _ENC = {d: encoder(catalogue.get("gpu_samples", f"pcie_{d}_bytes_per_second")) for d in ("tx", "rx")}
@@ -54,14 +53,14 @@ def switch_tree(gpus: list[GpuIdentity], *, per_switch: int, uplink: tuple[int, 
     return hops
 
 
-def rollup_rows(gpu_id: int, start: float, minutes: int, *, rx: float, tx: float, link: tuple[int, int], seed: int = 0) -> list[tuple[Any, ...]]:
+def rollup_rows(gpu_id: int, start: float, minutes: int, *, rx: float, tx: float, link: tuple[int, int], seed: int = 0) -> list[RollupRow]:
     """``minutes`` rollup rows of one card from ``start`` (a whole minute, epoch seconds) with a
     steady load: p95 exactly ``rx``/``tx`` bytes/s, the other statistics in ``_SHAPE`` proportion
     with ±2 % of seeded jitter (never above the p99)."""
     rng = random.Random(seed)  # noqa: S311  test data, seeded for repeatability
     rows = []
     for m in range(minutes):
-        row: list[Any] = [None] * len(ROLLUP_ROW_COLUMNS)
+        row: list[object] = [None] * len(ROLLUP_ROW_COLUMNS)  # each column's stored value
         row[_COL["gpu_id"]], row[_COL["ts"]] = gpu_id, int((start + 60 * m) * 1000)
         row[_COL["samples"]] = row[_COL["up_samples"]] = 60
         row[_COL["folded_samples"]] = 0

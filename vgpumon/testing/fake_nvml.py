@@ -17,13 +17,22 @@ back as it was.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeAlias
+
+#: A ctypes argument as nvidia-ml-py passes it to a C function: a ``byref`` of one of its
+#: structs, an array of them, a ``c_uint``, a string buffer. Their fields are built at run time
+#: from nvidia-ml-py's layouts, so no static type names them; the stand-in writes them as C would.
+CArg: TypeAlias = Any
+#: The stand-in of a C function: the ctypes arguments in, an ``nvmlReturn_t`` out.
+CFunction: TypeAlias = Callable[..., int]
 
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
 
 
-def _out(ref: Any) -> Any:
+def _out(ref: CArg) -> CArg:
     """The object a ``byref(...)`` argument points to."""
     return getattr(ref, "_obj", ref)
 
@@ -36,65 +45,65 @@ class FakeLib:
         self.handles = [ctypes.c_void_p(0x1000 + i) for i in range(gpus)]
         #: answers to change, by C function name: a value (a scalar getter's, or a dict of a
         #: struct's fields, or for the process list ``[(pid, usedGpuMemory), ...]``)
-        self.values: dict[str, Any] = {}
+        self.values: dict[str, Any] = {}  # each function's own shape, as the comment above says
         #: return codes to answer instead, by C function name (for field values: the entry's)
         self.errors: dict[str, int] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        def not_supported(*_args: Any) -> int:
+    def __getattr__(self, name: str) -> CFunction:
+        def not_supported(*_args: object) -> int:
             return NVML_ERROR_NOT_SUPPORTED
 
         return not_supported
 
     # -- library -------------------------------------------------------------------------------
-    def nvmlInitWithFlags(self, *_a: Any) -> int:
+    def nvmlInitWithFlags(self, *_a: object) -> int:
         return NVML_SUCCESS
 
-    def nvmlInit_v2(self, *_a: Any) -> int:
+    def nvmlInit_v2(self, *_a: object) -> int:
         return NVML_SUCCESS
 
-    def nvmlShutdown(self, *_a: Any) -> int:
+    def nvmlShutdown(self, *_a: object) -> int:
         return NVML_SUCCESS
 
-    def nvmlDeviceGetCount_v2(self, ref: Any) -> int:
+    def nvmlDeviceGetCount_v2(self, ref: CArg) -> int:
         _out(ref).value = self.gpus
         return NVML_SUCCESS
 
-    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
+    def nvmlDeviceGetHandleByIndex_v2(self, index: CArg, ref: CArg) -> int:
         i = index.value if hasattr(index, "value") else int(index)
         _out(ref).value = self.handles[i].value
         return NVML_SUCCESS
 
-    def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+    def nvmlSystemGetDriverVersion(self, buf: CArg, size: object) -> int:
         buf.value = b"580.159.04"
         return NVML_SUCCESS
 
     # -- identity ------------------------------------------------------------------------------
-    def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
+    def nvmlDeviceGetUUID(self, handle: CArg, buf: CArg, size: object) -> int:
         buf.value = b"GPU-00000000-0000-4000-8000-%012d" % ((handle.value if hasattr(handle, "value") else handle) - 0x1000)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
+    def nvmlDeviceGetName(self, handle: object, buf: CArg, size: object) -> int:
         buf.value = b"NVIDIA H200"
         return NVML_SUCCESS
 
-    def nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
+    def nvmlDeviceGetSerial(self, handle: object, buf: CArg, size: object) -> int:
         buf.value = b"1653724027414"
         return NVML_SUCCESS
 
-    def nvmlDeviceGetPciInfo_v3(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetPciInfo_v3(self, handle: object, ref: CArg) -> int:
         p = _out(ref)
         p.busId = b"00000000:00:06.0"
         p.busIdLegacy = b"0000:00:06.0"
         return NVML_SUCCESS
 
     # -- memory, utilization, sensors ----------------------------------------------------------
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetMemoryInfo(self, handle: object, ref: CArg) -> int:
         m = _out(ref)
         m.total, m.free, m.used = 150754820096, 150754820096 - 644939776, 644939776
         return NVML_SUCCESS
 
-    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetMemoryInfo_v2" in self.errors:
             return self.errors["nvmlDeviceGetMemoryInfo_v2"]
         m = _out(ref)
@@ -103,7 +112,7 @@ class FakeLib:
             setattr(m, k, v)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetUtilizationRates(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetUtilizationRates" in self.errors:
             return self.errors["nvmlDeviceGetUtilizationRates"]
         u = _out(ref)
@@ -112,54 +121,54 @@ class FakeLib:
             setattr(u, k, v)
         return NVML_SUCCESS
 
-    def _uint(self, value: int) -> Any:
-        def fn(handle: Any, *args: Any) -> int:
+    def _uint(self, value: int) -> CFunction:
+        def fn(handle: object, *args: CArg) -> int:
             _out(args[-1]).value = value
             return NVML_SUCCESS
 
         return fn
 
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, ref: Any) -> int:
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: object, ref: CArg) -> int:
         if "nvmlDeviceGetTemperature" in self.errors:
             return self.errors["nvmlDeviceGetTemperature"]
         _out(ref).value = self.values.get("nvmlDeviceGetTemperature", 34)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetPowerUsage(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetPowerUsage" in self.errors:
             return self.errors["nvmlDeviceGetPowerUsage"]
         _out(ref).value = self.values.get("nvmlDeviceGetPowerUsage", 80812)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
+    def nvmlDeviceGetClockInfo(self, handle: object, clock: object, ref: CArg) -> int:
         if "nvmlDeviceGetClockInfo" in self.errors:
             return self.errors["nvmlDeviceGetClockInfo"]
         _out(ref).value = self.values.get("nvmlDeviceGetClockInfo", 345)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
+    def nvmlDeviceGetMaxClockInfo(self, handle: object, clock: object, ref: CArg) -> int:
         _out(ref).value = 1980
         return NVML_SUCCESS
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetCurrentClocksEventReasons" in self.errors:
             return self.errors["nvmlDeviceGetCurrentClocksEventReasons"]
         _out(ref).value = self.values.get("nvmlDeviceGetCurrentClocksEventReasons", 1)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetPerformanceState(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetPerformanceState" in self.errors:
             return self.errors["nvmlDeviceGetPerformanceState"]
         _out(ref).value = self.values.get("nvmlDeviceGetPerformanceState", 0)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetCurrPcieLinkGeneration" in self.errors:
             return self.errors["nvmlDeviceGetCurrPcieLinkGeneration"]
         _out(ref).value = self.values.get("nvmlDeviceGetCurrPcieLinkGeneration", 5)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, ref: Any) -> int:
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: object, ref: CArg) -> int:
         if "nvmlDeviceGetCurrPcieLinkWidth" in self.errors:
             return self.errors["nvmlDeviceGetCurrPcieLinkWidth"]
         _out(ref).value = self.values.get("nvmlDeviceGetCurrPcieLinkWidth", 16)
@@ -169,11 +178,11 @@ class FakeLib:
     nvmlDeviceGetGpuMaxPcieLinkGeneration = nvmlDeviceGetCurrPcieLinkGeneration
     nvmlDeviceGetMaxPcieLinkWidth = nvmlDeviceGetCurrPcieLinkWidth
 
-    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, kind: Any, ref: Any) -> int:
+    def nvmlDeviceGetTemperatureThreshold(self, handle: object, kind: object, ref: CArg) -> int:
         _out(ref).value = 89
         return NVML_SUCCESS
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: object, count: CArg, infos: CArg) -> int:
         if "nvmlDeviceGetComputeRunningProcesses_v3" in self.errors:
             return self.errors["nvmlDeviceGetComputeRunningProcesses_v3"]
         procs = self.values.get("nvmlDeviceGetComputeRunningProcesses_v3", [])
@@ -186,7 +195,7 @@ class FakeLib:
         n.value = len(procs)
         return NVML_SUCCESS
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, n: Any, ref: Any) -> int:
+    def nvmlDeviceGetFieldValues(self, handle: object, n: object, ref: CArg) -> int:
         arr = _out(ref)
         for v in arr:
             v.valueType, v.nvmlReturn = 1, self.errors.get("nvmlDeviceGetFieldValues", 0)
@@ -194,20 +203,20 @@ class FakeLib:
         return NVML_SUCCESS
 
     # -- GPM -----------------------------------------------------------------------------------
-    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> int:
+    def nvmlGpmQueryDeviceSupport(self, handle: object, ref: CArg) -> int:
         _out(ref).isSupportedDevice = 1
         return NVML_SUCCESS
 
-    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
+    def nvmlGpmSampleAlloc(self, ref: object) -> int:
         return NVML_SUCCESS
 
-    def nvmlGpmSampleFree(self, sample: Any) -> int:
+    def nvmlGpmSampleFree(self, sample: object) -> int:
         return NVML_SUCCESS
 
-    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+    def nvmlGpmSampleGet(self, handle: object, sample: object) -> int:
         return self.errors.get("nvmlGpmSampleGet", NVML_SUCCESS)
 
-    def nvmlGpmMetricsGet(self, ref: Any) -> int:
+    def nvmlGpmMetricsGet(self, ref: CArg) -> int:
         """Every metric 0.0, or ``values["nvmlGpmMetricsGet"][metric id]``: a float, or an int
         return code for that metric alone."""
         req = _out(ref)
@@ -219,7 +228,7 @@ class FakeLib:
         return self.errors.get("nvmlGpmMetricsGet", NVML_SUCCESS)
 
 
-def install(gpus: int = 1) -> Any:
+def install(gpus: int = 1) -> ModuleType:
     """Put the stand-in under nvidia-ml-py; returns the ``pynvml`` module."""
     import pynvml
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from vgpumon.model import GpuIdentity
 from vgpumon.sources.nvml.backend import NVML_ERROR_GPU_IS_LOST
+from vgpumon.sources.nvml.shapes import CaptureHeader
 from vgpumon.testing import scenarios, sysfs
 
 GPUS = 8
@@ -41,7 +41,7 @@ LOST_GPU, LOST_XID, LOST_AT = 5, 79, 45
 _CORRECTED, _UNCORRECTED, _VOLATILE, _AGGREGATE = 0, 1, 0, 1
 
 
-def build(data_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def build(data_dir: str | Path) -> tuple[CaptureHeader, scenarios.Ticks]:
     """The incident capture as ``(header, ticks)`` (see the module docstring).
 
     Args:

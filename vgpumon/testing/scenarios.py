@@ -43,27 +43,29 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 from vgpumon.sources.nvml.capture import ReplayBackend, iter_capture
+from vgpumon.sources.nvml.shapes import CaptureHeader, NvmlAnswer, NvmlArg, Outcome, RecordedCall, Scope, Tick
 
-Ticks = Iterable[dict[str, Any]]
+Ticks = Iterable[Tick]
 
 
 class _Lazy:
     """Ticks computed on each iteration by ``make`` (re-iterable when ``make``'s input is).
     ``len`` and indexing work too, by reading up to what they need (tests use them)."""
 
-    def __init__(self, make: Callable[[], Iterator[dict[str, Any]]]) -> None:
+    def __init__(self, make: Callable[[], Iterator[Tick]]) -> None:
         self._make = make
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Tick]:
         return self._make()
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int) -> Tick:
         if i < 0:
             return list(self)[i]
         try:
@@ -72,7 +74,7 @@ class _Lazy:
             raise IndexError(i) from None
 
 
-def load(path: str) -> tuple[dict[str, Any], Ticks]:
+def load(path: str | Path) -> tuple[CaptureHeader, Ticks]:
     """Open a capture as ``(header, ticks)`` for transformation; ticks are read from the file
     each time they are iterated."""
     header, _ = iter_capture(path)
@@ -91,7 +93,7 @@ def bus_number(index: int, n: int) -> int:
     return 0x18 + index * 0x10 if n <= 15 else 0x1C + index * 0x08
 
 
-def _relabel(fn: str, value: Any, index: int, n: int) -> Any:
+def _relabel(fn: str, value: NvmlAnswer, index: int, n: int) -> NvmlAnswer:
     if fn == "nvmlDeviceGetUUID":
         return f"GPU-00000000-0000-4000-8000-{index:012d}"
     if fn == "nvmlDeviceGetSerial":
@@ -102,15 +104,22 @@ def _relabel(fn: str, value: Any, index: int, n: int) -> Any:
     return value
 
 
-def _per_tick(ticks: Ticks, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Ticks:
+def _ts(tick: Tick) -> float:
+    """A tick's time; only the init block (``tick == -1``) has none."""
+    ts = tick["ts"]
+    assert ts is not None, f"tick {tick['tick']} has no time"
+    return ts
+
+
+def _per_tick(ticks: Ticks, fn: Callable[[Tick], Tick]) -> Ticks:
     return _Lazy(lambda: (fn(t) for t in ticks))
 
 
-def replicate_devices(header: dict[str, Any], ticks: Ticks, n: int) -> tuple[dict[str, Any], Ticks]:
+def replicate_devices(header: CaptureHeader, ticks: Ticks, n: int) -> tuple[CaptureHeader, Ticks]:
     """Answer every call of device 0 for devices ``0..n-1`` (see module docstring)."""
 
-    def one(tick: dict[str, Any]) -> dict[str, Any]:
-        calls = []
+    def one(tick: Tick) -> Tick:
+        calls: list[RecordedCall] = []
         for scope, fn, args, kwargs, outcome in tick["calls"]:
             if scope == "sys" and fn == "nvmlDeviceGetCount" and "v" in outcome:
                 calls.append([scope, fn, args, kwargs, {"v": n}])
@@ -128,16 +137,16 @@ def replicate_devices(header: dict[str, Any], ticks: Ticks, n: int) -> tuple[dic
 
 
 def fail_call(
-    header: dict[str, Any], ticks: Ticks, fn: str, code: int, *, from_tick: int = 0, until_tick: int | None = None,
+    header: CaptureHeader, ticks: Ticks, fn: str, code: int, *, from_tick: int = 0, until_tick: int | None = None,
     devices: Iterable[int] | None = None,
-) -> tuple[dict[str, Any], Ticks]:
+) -> tuple[CaptureHeader, Ticks]:
     """Make ``fn`` (``"*"`` = every device call) answer error ``code`` on ``devices`` for ticks
     ``from_tick <= tick < until_tick``."""
     devs = None if devices is None else set(devices)
 
-    def one(tick: dict[str, Any]) -> dict[str, Any]:
+    def one(tick: Tick) -> Tick:
         active = tick["tick"] >= from_tick and (until_tick is None or tick["tick"] < until_tick)
-        calls = []
+        calls: list[RecordedCall] = []
         for scope, f, args, kwargs, outcome in tick["calls"]:
             device_match = scope != "sys" and fn == "*" and (devs is None or scope in devs)
             named_match = f == fn and (scope == "sys" or devs is None or scope in devs)
@@ -149,7 +158,7 @@ def fail_call(
     return {**header, "derived": f"{header.get('derived', '')} fail_call({fn}, {code}, {from_tick})".strip()}, _per_tick(ticks, one)
 
 
-def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, Any], Ticks]:
+def repeat(header: CaptureHeader, ticks: Ticks, times: int) -> tuple[CaptureHeader, Ticks]:
     """The ticks ``times`` times in a row (see module docstring); one pass of the input is kept
     in memory, the passes are made as they are read."""
     everything = list(ticks)
@@ -157,18 +166,18 @@ def repeat(header: dict[str, Any], ticks: Ticks, times: int) -> tuple[dict[str, 
     init = [t for t in everything if t["tick"] < 0]
     if not body:
         return header, everything
-    span = body[-1]["ts"] - body[0]["ts"] + (body[1]["ts"] - body[0]["ts"] if len(body) > 1 else 1.0)
+    span = _ts(body[-1]) - _ts(body[0]) + (_ts(body[1]) - _ts(body[0]) if len(body) > 1 else 1.0)
 
-    def passes() -> Iterator[dict[str, Any]]:
+    def passes() -> Iterator[Tick]:
         yield from init
         for k in range(times):
             for t in body:
-                yield {**t, "tick": k * len(body) + t["tick"], "ts": t["ts"] + k * span}
+                yield {**t, "tick": k * len(body) + t["tick"], "ts": _ts(t) + k * span}
 
     return {**header, "derived": f"{header.get('derived', '')} repeat({times})".strip()}, _Lazy(passes)
 
 
-def then(header: dict[str, Any], ticks: Ticks, more: Ticks) -> tuple[dict[str, Any], Ticks]:
+def then(header: CaptureHeader, ticks: Ticks, more: Ticks) -> tuple[CaptureHeader, Ticks]:
     """``ticks``, then the ticks of ``more`` (its init block dropped): its times moved to follow
     on one tick interval after the last, its tick numbers continued."""
     first = list(ticks)
@@ -176,18 +185,18 @@ def then(header: dict[str, Any], ticks: Ticks, more: Ticks) -> tuple[dict[str, A
     rest = [t for t in more if t["tick"] >= 0]
     if not body or not rest:
         return header, first + rest
-    step = body[-1]["ts"] - body[-2]["ts"] if len(body) > 1 else 1.0
-    dt = body[-1]["ts"] + step - rest[0]["ts"]
+    step = _ts(body[-1]) - _ts(body[-2]) if len(body) > 1 else 1.0
+    dt = _ts(body[-1]) + step - _ts(rest[0])
     n = body[-1]["tick"] + 1 - rest[0]["tick"]
-    moved = [{**t, "tick": t["tick"] + n, "ts": t["ts"] + dt} for t in rest]
+    moved: list[Tick] = [{**t, "tick": t["tick"] + n, "ts": _ts(t) + dt} for t in rest]
     return {**header, "derived": f"{header.get('derived', '')} then".strip()}, first + moved
 
 
-def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[str, Any], Ticks]:
+def retime(header: CaptureHeader, ticks: Ticks, factor: float) -> tuple[CaptureHeader, Ticks]:
     """Every tick's timestamp (and the XID event times it carries) scaled by ``factor`` around
     the first tick's: ``factor`` 0.1 replays at recorded pace ten times faster."""
 
-    def make() -> Iterator[dict[str, Any]]:
+    def make() -> Iterator[Tick]:
         t0: float | None = None
         for tick in ticks:
             if t0 is None and tick["ts"] is not None:
@@ -196,7 +205,7 @@ def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[st
             def at(ts: float) -> float:
                 return t0 + (ts - t0) * factor  # type: ignore[operator]  # noqa: B023  t0 is set once, before the first tick, and never changes
 
-            calls = []
+            calls: list[RecordedCall] = []
             for scope, fn, args, kwargs, outcome in tick["calls"]:
                 if fn == "xid_poll" and isinstance(outcome.get("v"), list):
                     outcome = {"v": [{**e, "ts": at(e["ts"])} for e in outcome["v"]]}
@@ -206,13 +215,13 @@ def retime(header: dict[str, Any], ticks: Ticks, factor: float) -> tuple[dict[st
     return {**header, "derived": f"{header.get('derived', '')} retime({factor})".strip()}, _Lazy(make)
 
 
-def shift(header: dict[str, Any], ticks: Ticks, seconds: float) -> tuple[dict[str, Any], Ticks]:
+def shift(header: CaptureHeader, ticks: Ticks, seconds: float) -> tuple[CaptureHeader, Ticks]:
     """Every tick's timestamp (and the XID event times it carries) moved by ``seconds``: a
     capture made to end at a chosen moment (data an hour old for the freshness tests)."""
 
-    def make() -> Iterator[dict[str, Any]]:
+    def make() -> Iterator[Tick]:
         for tick in ticks:
-            calls = []
+            calls: list[RecordedCall] = []
             for scope, fn, args, kwargs, outcome in tick["calls"]:
                 if fn == "xid_poll" and isinstance(outcome.get("v"), list):
                     outcome = {"v": [{**e, "ts": e["ts"] + seconds} for e in outcome["v"]]}
@@ -223,22 +232,22 @@ def shift(header: dict[str, Any], ticks: Ticks, seconds: float) -> tuple[dict[st
 
 
 def set_call(
-    header: dict[str, Any],
+    header: CaptureHeader,
     ticks: Ticks,
-    scope: Any,
+    scope: Scope,
     fn: str,
-    outcome: dict[str, Any],
+    outcome: Outcome,
     *,
     at: Iterable[int],
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], Ticks]:
+    args: Sequence[NvmlArg] = (),
+    kwargs: dict[str, NvmlArg] | None = None,
+) -> tuple[CaptureHeader, Ticks]:
     """Make call ``(scope, fn, args, kwargs)`` answer ``outcome`` in ticks ``at`` (``-1`` is the
     init block); the recorded answer is replaced, or the answer added if the tick had none."""
     wanted = set(at)
     kwargs = kwargs or {}
 
-    def one(tick: dict[str, Any]) -> dict[str, Any]:
+    def one(tick: Tick) -> Tick:
         calls = [list(c) for c in tick["calls"]]
         if tick["tick"] in wanted:
             hits = [c for c in calls if c[0] == scope and c[1] == fn and list(c[2]) == list(args) and c[3] == kwargs]
@@ -252,22 +261,22 @@ def set_call(
 
 
 def edit_call(
-    header: dict[str, Any],
+    header: CaptureHeader,
     ticks: Ticks,
-    scope: Any,
+    scope: Scope,
     fn: str,
-    edit: Callable[[Any], Any],
+    edit: Callable[[NvmlAnswer], NvmlAnswer],
     *,
     at: Iterable[int],
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], Ticks]:
+    args: Sequence[NvmlArg] = (),
+    kwargs: dict[str, NvmlArg] | None = None,
+) -> tuple[CaptureHeader, Ticks]:
     """Pass the recorded value of call ``(scope, fn, args, kwargs)`` through ``edit`` in ticks
     ``at``; ticks where the call was not made or answered an error are left alone."""
     wanted = set(at)
     kwargs = kwargs or {}
 
-    def one(tick: dict[str, Any]) -> dict[str, Any]:
+    def one(tick: Tick) -> Tick:
         calls = [list(c) for c in tick["calls"]]
         if tick["tick"] in wanted:
             for c in calls:
@@ -278,15 +287,15 @@ def edit_call(
     return {**header, "derived": f"{header.get('derived', '')} edit_call({scope}, {fn})".strip()}, _per_tick(ticks, one)
 
 
-def is_slow_tick(tick: dict[str, Any]) -> bool:
+def is_slow_tick(tick: Tick) -> bool:
     """True when the tick read the slow set: every slow tick reads the ECC totals
     (``vgpumon.sources.nvml``), no fast tick does."""
     return any(c[1] == "nvmlDeviceGetTotalEccErrors" for c in tick["calls"])
 
 
 def graft(
-    header: dict[str, Any], ticks: Ticks, donor_header: dict[str, Any], donor_ticks: Ticks
-) -> tuple[dict[str, Any], Ticks]:
+    header: CaptureHeader, ticks: Ticks, donor_header: CaptureHeader, donor_ticks: Ticks
+) -> tuple[CaptureHeader, Ticks]:
     """Add to each tick the donor's answers to calls the tick lacks (see module docstring).
 
     A base slow tick takes them from the donor's slow ticks, a fast tick from its fast ticks, in
@@ -294,13 +303,13 @@ def graft(
     arguments, so a recorded answer is never replaced.
     """
 
-    def key(c: list[Any]) -> str:
+    def key(c: RecordedCall) -> str:
         return json.dumps(c[:4], sort_keys=True)
 
     donor_init = [t for t in donor_ticks if t["tick"] < 0]
     pools = {kind: [t for t in donor_ticks if t["tick"] >= 0 and is_slow_tick(t) == kind] for kind in (True, False)}
     turn = {True: 0, False: 0}
-    out = []
+    out: list[Tick] = []
     for tick in ticks:
         if tick["tick"] < 0:
             donors = donor_init
@@ -316,22 +325,22 @@ def graft(
 
 
 def delay_call(
-    header: dict[str, Any],
+    header: CaptureHeader,
     ticks: Ticks,
-    scope: Any,
+    scope: Scope,
     fn: str,
     seconds: float,
     *,
     at: Iterable[int],
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], Ticks]:
+    args: Sequence[NvmlArg] = (),
+    kwargs: dict[str, NvmlArg] | None = None,
+) -> tuple[CaptureHeader, Ticks]:
     """Make call ``(scope, fn, args, kwargs)`` take ``seconds`` in ticks ``at`` (its recorded
     answer, late): a wedged driver call, which replay reproduces by blocking that long."""
     wanted = set(at)
     kwargs = kwargs or {}
 
-    def one(tick: dict[str, Any]) -> dict[str, Any]:
+    def one(tick: Tick) -> Tick:
         calls = [list(c) for c in tick["calls"]]
         if tick["tick"] in wanted:
             for c in calls:
@@ -342,22 +351,21 @@ def delay_call(
     return {**header, "derived": f"{header.get('derived', '')} delay_call({scope}, {fn}, {seconds})".strip()}, _per_tick(ticks, one)
 
 
-def between(header: dict[str, Any], ticks: Ticks, start: float, end: float) -> tuple[dict[str, Any], Ticks]:
+def between(header: CaptureHeader, ticks: Ticks, start: float, end: float) -> tuple[CaptureHeader, Ticks]:
     """The ticks recorded in ``[start, end)``, renumbered from 0, with the init block (see module
     docstring)."""
     init = [t for t in ticks if t["tick"] < 0]
-    body = [t for t in ticks if t["tick"] >= 0 and start <= t["ts"] < end]
-    return {**header, "derived": f"{header.get('derived', '')} between({start}, {end})".strip()}, init + [
-        {**t, "tick": k} for k, t in enumerate(body)
-    ]
+    body = [t for t in ticks if t["tick"] >= 0 and start <= _ts(t) < end]
+    renumbered: list[Tick] = [{**t, "tick": k} for k, t in enumerate(body)]
+    return {**header, "derived": f"{header.get('derived', '')} between({start}, {end})".strip()}, init + renumbered
 
 
-def scale_gpm(header: dict[str, Any], ticks: Ticks, metric_ids: Iterable[int], factor: float) -> tuple[dict[str, Any], Ticks]:
+def scale_gpm(header: CaptureHeader, ticks: Ticks, metric_ids: Iterable[int], factor: float) -> tuple[CaptureHeader, Ticks]:
     """Every recorded GPM output of ``metric_ids`` (on every device) times ``factor``."""
     ids = {str(m) for m in metric_ids}
-    out = []
+    out: list[Tick] = []
     for tick in ticks:
-        calls = []
+        calls: list[RecordedCall] = []
         for scope, fn, args, kwargs, outcome in tick["calls"]:
             if fn == "gpm" and isinstance(outcome.get("v"), dict):
                 outcome = {"v": {k: (v * factor if k in ids and isinstance(v, (int, float)) else v) for k, v in outcome["v"].items()}}
@@ -366,15 +374,13 @@ def scale_gpm(header: dict[str, Any], ticks: Ticks, metric_ids: Iterable[int], f
     return {**header, "derived": f"{header.get('derived', '')} scale_gpm({sorted(ids)}, {factor})".strip()}, out
 
 
-def backend(header: dict[str, Any], ticks: Ticks) -> ReplayBackend:
+def backend(header: CaptureHeader, ticks: Ticks) -> ReplayBackend:
     """A replay backend over transformed ticks (read as the replay goes)."""
     return ReplayBackend(header=header, ticks=ticks)
 
 
-def write(path: Any, header: dict[str, Any], ticks: Ticks) -> None:
+def write(path: str | Path, header: CaptureHeader, ticks: Ticks) -> None:
     """Write a (transformed) capture to a file that ``vgpumon agent --replay`` reads."""
-    from pathlib import Path
-
     from vgpumon.sources.nvml.capture import _open_text
 
     with _open_text(Path(path), "w") as f:

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TypedDict
 
 from vgpumon.model import GpuIdentity
 from vgpumon.sources.pcie_topology import device_chain, nvml_bus_id_to_bdf
 
+
+class SysfsSnapshot(TypedDict):
+    """The sysfs facts above some GPUs: ``links`` (bus id → its device directory) and ``files``
+    (path → the link file's text), both relative to the sysfs root."""
+
+    links: dict[str, str]
+    files: dict[str, str]
+
+
 LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 
 
-def snapshot(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> dict[str, Any]:
+def snapshot(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> SysfsSnapshot:
     """The sysfs facts above each GPU as plain data (see module docstring)."""
     root = Path(sysfs_root)
     links: dict[str, str] = {}
@@ -41,7 +51,7 @@ def snapshot(gpus: Iterable[GpuIdentity], sysfs_root: str | Path = "/sys") -> di
     return {"links": links, "files": files}
 
 
-def materialize(snap: dict[str, Any], dest: str | Path) -> Path:
+def materialize(snap: SysfsSnapshot, dest: str | Path) -> Path:
     """Lay a snapshot out under ``dest`` (created); returns ``dest``."""
     dest = Path(dest)
     for rel, text in snap["files"].items():
@@ -56,7 +66,7 @@ def materialize(snap: dict[str, Any], dest: str | Path) -> Path:
     return dest
 
 
-def switch_tree(real: dict[str, Any], gpus: list[GpuIdentity], per_switch: int = 4) -> dict[str, Any]:
+def switch_tree(real: SysfsSnapshot, gpus: list[GpuIdentity], per_switch: int = 4) -> SysfsSnapshot:
     """Derive an 8-GPU-style sysfs tree from a real one-GPU snapshot: ``per_switch`` GPUs behind
     each PCIe switch (upstream port + one downstream port per GPU), one switch per root port,
     every hop with the link files the real GPU had. GPUs are placed at their ``pci_bus_id``."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 from aiohttp import web
 
+from vgpumon.sources.nvml.shapes import JsonValue
 from vgpumon.sources.vllm.discovery import ProcessUsage, VllmProcess
 
 
@@ -70,7 +71,7 @@ class FakeVllmServer:
     models: Sequence[str] | None = None
     load: float | None = None
     is_sleeping: bool | None = None
-    stats: dict[str, Any] | None = None
+    stats: dict[str, JsonValue] | None = None
     hang: set[str] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)
     port: int = 0
@@ -107,7 +108,7 @@ class FakeVllmServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _json(self, value: Any) -> web.Response:
+    async def _json(self, value: JsonValue) -> web.Response:
         if value is None:
             return web.json_response({"detail": "Not Found"}, status=404)
         return web.json_response(value)

@@ -32,10 +32,17 @@ import ctypes
 import struct
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.sources.nvml.plain import to_plain
+from vgpumon.sources.nvml.shapes import NvmlAnswer, NvmlArg, NvmlHandle, PcieReading, RawXid
+
+if TYPE_CHECKING:
+    from vgpumon.sources.nvml.fastcalls import BoundCall, FastCalls, Parts, ScalarCall
 
 CAPTURE_FORMAT_VERSION = 1
 
@@ -119,6 +126,10 @@ class EndOfCapture(Exception):
     """A replay has answered its last tick."""
 
 
+#: ``NvmlBackend.gpm``'s answer: metric id → value (percent or MiB/s), or that metric's error.
+GpmValues: TypeAlias = dict[int, float | NvmlCallError]
+
+
 class NvmlBackend(Protocol):
     """What the collector needs from NVML. All answers are plain data (see module docstring)."""
 
@@ -134,13 +145,13 @@ class NvmlBackend(Protocol):
         Raises ``EndOfCapture`` when a replay has no more ticks.
         """
 
-    def system(self, fn: str, *args: Any) -> Any:
+    def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         """Call a device-less NVML function (``nvmlSystemGet*``, ``nvmlDeviceGetCount``)."""
 
-    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def device(self, index: int, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         """Call ``fn(handle_of(index), *args, **kwargs)``; raises ``NvmlCallError``."""
 
-    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> GpmValues | None:
         """Take a GPM sample and compute ``metric_ids`` over it and the previous one.
 
         Returns ``None`` for the first sample of a device (no pair yet), else metric id → value
@@ -150,7 +161,7 @@ class NvmlBackend(Protocol):
     def forget_device(self, index: int) -> None:
         """Drop the cached handle and GPM sample of a device (after a lifecycle error)."""
 
-    def xid_poll(self) -> list[dict[str, Any]]:
+    def xid_poll(self) -> list[RawXid]:
         """XID events seen since the last poll: ``[{"index": i, "xid": code, "ts": epoch_s}]``.
 
         Live: a waiter thread blocks in ``nvmlEventSetWait`` (registered for
@@ -162,7 +173,7 @@ class NvmlBackend(Protocol):
                 try to set one up fails, retried each minute, ``[]`` between the tries).
         """
 
-    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+    def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
         """Latest ``nvmlDeviceGetPcieThroughput`` reading of a device, polled on its own thread.
 
         The call blocks ~21 ms per direction (it samples a 20 ms window), so it never runs on the
@@ -174,7 +185,23 @@ class NvmlBackend(Protocol):
 
 
 _PLAIN = frozenset({bool, int, float, str})
-def _gpm_results(nv: Any, n: int) -> tuple[int, struct.Struct]:
+
+
+@dataclass(slots=True)
+class _GpmState:
+    """A device's two GPM sample buffers and the two requests that pair them (``gpm_flat``)."""
+
+    ids: tuple[int, ...]
+    bufs: list[NvmlAnswer]  # nvmlGpmSample_t: opaque pointers nvidia-ml-py allocated
+    reqs: list[tuple[ctypes.Structure, ctypes._CArgObject]]  # (c_nvmlGpmMetricsGet_t, byref of it)
+    get: Callable[[NvmlHandle, NvmlAnswer], int]  # C nvmlGpmSampleGet
+    metrics: Callable[[ctypes._CArgObject], int]  # C nvmlGpmMetricsGet
+    unpack: tuple[int, struct.Struct]
+    cur: int = 0
+    have_prev: bool = False
+
+
+def _gpm_results(nv: ModuleType, n: int) -> tuple[int, struct.Struct]:
     """Where the (return code, value) pairs of ``n`` GPM metrics lie in a
     ``nvmlGpmMetricsGet_t`` and the one ``struct`` that reads them all (layout from nvidia-ml-py)."""
     metric = nv.c_nvmlGpmMetric_t
@@ -199,13 +226,13 @@ class LiveBackend:
         pcie_poll_seconds: period of the ``nvmlDeviceGetPcieThroughput`` poller (non-GPM GPUs).
     """
 
-    def __init__(self, pynvml_module: Any = None, *, pcie_poll_seconds: float = 5.0) -> None:
+    def __init__(self, pynvml_module: ModuleType | None = None, *, pcie_poll_seconds: float = 5.0) -> None:
         self._nvml = pynvml_module
-        self._handles: dict[int, Any] = {}
-        self._gpm_prev: dict[int, Any] = {}
+        self._handles: dict[int, NvmlHandle] = {}
+        self._gpm_prev: dict[int, _GpmState] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._xid_queue: list[dict[str, Any]] = []
+        self._xid_queue: list[RawXid] = []
         self._xid_thread: threading.Thread | None = None
         self._xid_error: NvmlCallError | None = None
         self._xid_retry_at = 0.0  # monotonic: when to try creating the event set again
@@ -213,20 +240,20 @@ class LiveBackend:
         self._pcie_wanted: dict[int, float] = {}  # device index → poll period (s)
         self._pcie_due: dict[int, float] = {}  # device index → monotonic time of its next poll
         self._pcie_wake = threading.Event()
-        self._pcie_latest: dict[int, Any] = {}
+        self._pcie_latest: dict[int, PcieReading | NvmlCallError] = {}
         self._pcie_thread: threading.Thread | None = None
-        self._fast: Any = None  # vgpumon.sources.nvml.fastcalls.FastCalls, from init()
-        self._bound: dict[int, dict[str, Any]] = {}
-        self._parts: dict[int, Any] = {}  # index → nvml_fast.Parts
+        self._fast: FastCalls | None = None  # from init()
+        self._bound: dict[int, dict[str, BoundCall]] = {}
+        self._parts: dict[int, Parts] = {}
 
-    def _lib(self) -> Any:
+    def _lib(self) -> ModuleType:
         if self._nvml is None:
             import pynvml  # deferred: importing is cheap, but the CLI must start without it
 
             self._nvml = pynvml
         return self._nvml
 
-    def _wrap(self, fn: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    def _wrap(self, fn: str, call: Callable[..., NvmlAnswer], *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         nv = self._lib()
         try:
             return call(*args, **kwargs)
@@ -266,13 +293,13 @@ class LiveBackend:
     def begin_tick(self, ts: float) -> float:
         return ts
 
-    def system(self, fn: str, *args: Any) -> Any:
+    def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         call = getattr(self._lib(), fn, None)
         if call is None:
             raise NvmlCallError(NVML_ERROR_FUNCTION_NOT_FOUND, fn)
         return to_plain(self._wrap(fn, call, *args))
 
-    def _handle(self, index: int) -> Any:
+    def _handle(self, index: int) -> NvmlHandle:
         handle = self._handles.get(index)
         if handle is None:
             nv = self._lib()
@@ -280,7 +307,7 @@ class LiveBackend:
             self._handles[index] = handle
         return handle
 
-    def bound_calls(self, index: int) -> dict[str, Any]:
+    def bound_calls(self, index: int) -> dict[str, BoundCall]:
         """The per-tick calls of device ``index`` straight through ctypes
         (``vgpumon.sources.nvml.fastcalls``), by nvidia-ml-py name: ``calls[fn](*args, **kwargs)``
         answers as ``device(index, fn, *args, **kwargs)`` does, without its dispatch. Empty
@@ -296,7 +323,7 @@ class LiveBackend:
             bound = self._bound[index] = self._fast.bind(self._handle(index))
         return bound
 
-    def fast_parts(self, index: int, scalar_calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> Any:
+    def fast_parts(self, index: int, scalar_calls: Sequence[ScalarCall] = ()) -> Parts | None:
         """Device ``index``'s fast-set C functions and out-structs (``nvml_fast.Parts``) for the
         collector's straight-line reader, with an out value for each of ``scalar_calls``
         (``(function, args)``; the collector's plan, the same on every call); ``None`` before
@@ -312,7 +339,7 @@ class LiveBackend:
             parts = self._parts[index] = self._fast.parts(self._handle(index), scalar_calls)
         return parts
 
-    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def device(self, index: int, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         bound = self._bound.get(index)
         fast = None if bound is None else bound.get(fn)
         if fast is not None:
@@ -332,17 +359,17 @@ class LiveBackend:
             return value
         return to_plain(value)
 
-    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> GpmValues | None:
         flat = self.gpm_flat(index, metric_ids)
         if flat is None:
             return None
-        out: dict[int, Any] = {}
+        out: GpmValues = {}
         for i, metric_id in enumerate(metric_ids):
-            code = flat[2 * i]
+            code = int(flat[2 * i])  # the metric's nvmlReturn (read as "I")
             out[metric_id] = flat[2 * i + 1] if code == 0 else NvmlCallError(code, "nvmlGpmMetricsGet")
         return out
 
-    def gpm_flat(self, index: int, metric_ids: Sequence[int]) -> tuple[Any, ...] | None:
+    def gpm_flat(self, index: int, metric_ids: Sequence[int]) -> tuple[float, ...] | None:
         """``gpm`` without the dict: ``(code, value)`` of each of ``metric_ids`` in turn, flat
         (``flat[2 * i]`` is metric i's ``nvmlReturn``, 0 when ``flat[2 * i + 1]`` holds its value,
         percent or MiB/s); ``None`` for a device's first sample (no pair yet).
@@ -355,27 +382,27 @@ class LiveBackend:
         # one nvmlGpmSampleGet and one nvmlGpmMetricsGet, and the results are read from the
         # request's memory in one unpack (nvidia-ml-py's structs read each field through Python).
         state = self._gpm_prev.get(index)
-        if state is None or (state["ids"] is not metric_ids and state["ids"] != tuple(metric_ids)):
+        if state is None or (state.ids is not metric_ids and state.ids != tuple(metric_ids)):
             state = self._gpm_state(index, tuple(metric_ids))
         handle = self._handles.get(index)
         if handle is None:
             handle = self._handle(index)
-        cur = state["cur"]
-        ret = state["get"](handle, state["bufs"][cur])
+        cur = state.cur
+        ret = state.get(handle, state.bufs[cur])
         if ret:
             raise NvmlCallError(ret, "nvmlGpmSampleGet")
-        state["cur"] = 1 - cur
-        if not state["have_prev"]:
-            state["have_prev"] = True
+        state.cur = 1 - cur
+        if not state.have_prev:
+            state.have_prev = True
             return None
-        req, ref = state["reqs"][cur]
-        ret = state["metrics"](ref)
+        req, ref = state.reqs[cur]
+        ret = state.metrics(ref)
         if ret:
             raise NvmlCallError(ret, "nvmlGpmMetricsGet")
-        offset, fmt = state["unpack"]
+        offset, fmt = state.unpack
         return fmt.unpack_from(req, offset)
 
-    def _gpm_state(self, index: int, metric_ids: tuple[int, ...]) -> dict[str, Any]:
+    def _gpm_state(self, index: int, metric_ids: tuple[int, ...]) -> _GpmState:
         nv = self._lib()
         self._free_gpm(index)
         bufs = [self._wrap("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc) for _ in range(2)]
@@ -388,18 +415,18 @@ class LiveBackend:
             for i, metric_id in enumerate(metric_ids):
                 req.metrics[i].metricId = metric_id
             reqs.append((req, ctypes.byref(req)))
-        state = self._gpm_prev[index] = {
-            "ids": metric_ids, "bufs": bufs, "reqs": reqs, "cur": 0, "have_prev": False,
-            "get": nv._nvmlGetFunctionPointer("nvmlGpmSampleGet"),
-            "metrics": nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet"),
-            "unpack": _gpm_results(nv, len(metric_ids)),
-        }
+        state = self._gpm_prev[index] = _GpmState(
+            ids=metric_ids, bufs=bufs, reqs=reqs,
+            get=nv._nvmlGetFunctionPointer("nvmlGpmSampleGet"),
+            metrics=nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet"),
+            unpack=_gpm_results(nv, len(metric_ids)),
+        )
         return state
 
     def _free_gpm(self, index: int) -> None:
         state = self._gpm_prev.pop(index, None)
         if state is not None:
-            for buf in state["bufs"]:
+            for buf in state.bufs:
                 try:
                     self._lib().nvmlGpmSampleFree(buf)
                 except Exception:  # noqa: BLE001, S110 - a lost device may refuse; nothing to do
@@ -413,7 +440,7 @@ class LiveBackend:
 
     # XID events ---------------------------------------------------------------------------------
 
-    def xid_poll(self) -> list[dict[str, Any]]:
+    def xid_poll(self) -> list[RawXid]:
         if self._xid_thread is None:
             if self._xid_error is not None and time.monotonic() < self._xid_retry_at:
                 # no event set on this host: asked again each minute, not each tick; the error
@@ -457,7 +484,7 @@ class LiveBackend:
         )
         self._xid_thread.start()
 
-    def _xid_wait_loop(self, event_set: Any, by_address: dict[int | None, int], active: bool) -> None:
+    def _xid_wait_loop(self, event_set: NvmlAnswer, by_address: dict[int | None, int], active: bool) -> None:
         from vgpumon.base.workers import name_os_thread
 
         name_os_thread()
@@ -482,7 +509,7 @@ class LiveBackend:
 
     # PCIe throughput (pre-Hopper path) ----------------------------------------------------------
 
-    def pcie_throughput(self, index: int, period: float | None = None) -> dict[str, Any] | None:
+    def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
         with self._lock:
             wanted = period or self._pcie_poll_seconds
             if self._pcie_wanted.get(index) != wanted:
@@ -513,7 +540,7 @@ class LiveBackend:
                     handle = self._handle(index)
                     tx = self._wrap("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, 0)
                     rx = self._wrap("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, 1)
-                    result: Any = {"tx_KBps": int(tx), "rx_KBps": int(rx), "ts": time.time()}
+                    result: PcieReading | NvmlCallError = {"tx_KBps": int(tx), "rx_KBps": int(rx), "ts": time.time()}
                 except NvmlCallError as exc:
                     result = exc
                 with self._lock:

@@ -13,21 +13,35 @@ import math
 import socket
 import time
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
+from typing import IO, TypeGuard, cast
 
 from vgpumon.base.errors import CaptureFormatError
 from vgpumon.sources.nvml.backend import (
     CAPTURE_FORMAT_VERSION,
     NOT_IN_CAPTURE,
     EndOfCapture,
+    GpmValues,
     NvmlBackend,
     NvmlCallError,
+)
+from vgpumon.sources.nvml.shapes import (
+    CaptureHeader,
+    JsonValue,
+    NvmlAnswer,
+    NvmlArg,
+    Outcome,
+    PcieReading,
+    RawXid,
+    RecordedCall,
+    Scope,
+    Tick,
 )
 
 MASKED_HOST = "masked-host"
 
-def _masked(fn: str, scope: Any, value: Any) -> Any:
+def _masked(fn: str, scope: Scope, value: NvmlAnswer) -> NvmlAnswer:
     """Replace identifying answers (UUID, serial) with stable neutral ones per device index."""
     if fn == "nvmlDeviceGetUUID" and isinstance(value, str):
         return f"GPU-00000000-0000-4000-8000-{int(scope):012d}"
@@ -37,7 +51,7 @@ def _masked(fn: str, scope: Any, value: Any) -> Any:
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+        return io.TextIOWrapper(cast(IO[bytes], gzip.open(path, mode + "b")), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
 
 #: A call that took this long or more carries its duration in a capture (``"d"``, seconds); a
@@ -47,13 +61,13 @@ RECORD_DURATION_MIN_S = 0.001
 
 REPLAY_DELAY_MIN_S = 0.01
 
-def _timed(outcome: dict[str, Any], t0: float) -> dict[str, Any]:
+def _timed(outcome: Outcome, t0: float) -> Outcome:
     took = time.perf_counter() - t0
     if took >= RECORD_DURATION_MIN_S:
         outcome["d"] = round(took, 6)
     return outcome
 
-def _encode_outcome(value: Any = None, error: NvmlCallError | None = None) -> dict[str, Any]:
+def _encode_outcome(value: NvmlAnswer = None, error: NvmlCallError | None = None) -> Outcome:
     if error is not None:
         return {"e": error.code}
     return {"v": value}
@@ -74,7 +88,7 @@ class RecordingBackend:
         path: str | Path,
         *,
         mask: bool = False,
-        meta: Mapping[str, Any] | None = None,
+        meta: Mapping[str, JsonValue] | None = None,
     ) -> None:
         self._inner = inner
         self._mask = mask
@@ -89,18 +103,18 @@ class RecordingBackend:
         self._file.write(json.dumps(header) + "\n")
         self._tick = -1
         self._ts: float | None = None
-        self._calls: list[list[Any]] = []
+        self._calls: list[RecordedCall] = []
         self.ticks_written = 0
 
     def _flush_tick(self) -> None:
         if self._calls or self._tick == -1:
-            line = {"tick": self._tick, "ts": self._ts, "calls": self._calls}
+            line: Tick = {"tick": self._tick, "ts": self._ts, "calls": self._calls}
             self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
             if self._tick >= 0:
                 self.ticks_written += 1
         self._calls = []
 
-    def _record(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any], call: Any) -> Any:
+    def _record(self, scope: Scope, fn: str, args: Sequence[NvmlArg], kwargs: Mapping[str, NvmlArg], call: Callable[[], NvmlAnswer]) -> NvmlAnswer:
         t0 = time.perf_counter()
         try:
             value = call()
@@ -136,40 +150,43 @@ class RecordingBackend:
         self._ts = ts
         return ts
 
-    def system(self, fn: str, *args: Any) -> Any:
+    def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         return self._record("sys", fn, args, {}, lambda: self._inner.system(fn, *args))
 
-    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def device(self, index: int, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         return self._record(index, fn, args, kwargs, lambda: self._inner.device(index, fn, *args, **kwargs))
 
-    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> GpmValues | None:
         return self._record(index, "gpm", [list(metric_ids)], {}, lambda: self._inner.gpm(index, metric_ids))
 
     def forget_device(self, index: int) -> None:
         self._inner.forget_device(index)
 
-    def xid_poll(self) -> list[dict[str, Any]]:
+    def xid_poll(self) -> list[RawXid]:
         return self._record("sys", "xid_poll", (), {}, self._inner.xid_poll)
 
-    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
-        return self._record(index, "pcie_throughput", (), kwargs, lambda: self._inner.pcie_throughput(index, **kwargs))
+    def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
+        # recorded as called: ``period`` among the kwargs only when the caller gave it
+        kwargs: dict[str, NvmlArg] = {} if period is None else {"period": period}
+        return self._record(index, "pcie_throughput", (), kwargs, lambda: self._inner.pcie_throughput(index, period))
 
-def _key(scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+def _key(scope: Scope, fn: str, args: Sequence[NvmlArg], kwargs: Mapping[str, NvmlArg]) -> str:
     return json.dumps([scope, fn, list(args), dict(kwargs)], separators=(",", ":"), sort_keys=True)
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-def _shape_error(tick: Any) -> str | None:
+def _shape_error(tick: JsonValue) -> str | None:
     """What is wrong with the shape of one tick line, ``None`` when nothing is."""
     if not isinstance(tick, dict):
         return "not a JSON object"
-    if not _is_int(tick.get("tick")):
+    number = tick.get("tick")
+    if not _is_int(number):
         return '"tick" is not an integer'
-    if tick["tick"] >= 0 and not _is_number(tick.get("ts")):
+    if number >= 0 and not _is_number(tick.get("ts")):
         return '"ts" is not a number of seconds'
     calls = tick.get("calls")
     if not isinstance(calls, list):
@@ -190,7 +207,7 @@ def _shape_error(tick: Any) -> str | None:
             return f"{fn}: error code is not an integer"
     return None
 
-def _check_header(path: Path, first: str | None) -> dict[str, Any]:
+def _check_header(path: Path, first: str | None) -> CaptureHeader:
     if not first or not first.strip():
         raise CaptureFormatError(f"{path} is empty, not a vgpumon capture")
     try:
@@ -205,7 +222,7 @@ def _check_header(path: Path, first: str | None) -> dict[str, Any]:
         )
     if "slow_every" in header and not (_is_int(header["slow_every"]) and header["slow_every"] >= 1):
         raise CaptureFormatError(f"{path}:1: header \"slow_every\" is not a positive integer")
-    return header
+    return cast(CaptureHeader, header)  # its version and "slow_every" checked above
 
 def _read_error(path: Path, exc: BaseException, where: str = "") -> CaptureFormatError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
@@ -229,7 +246,7 @@ def _line(path: Path, f: IO[str], n: int) -> str:
         )
     return line
 
-def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
+def _tick_lines(path: Path, f: IO[str]) -> Iterator[Tick]:
     """The ticks of an open capture after its header line, one line at a time, each checked for
     its shape; a capture without a single tick is an error too (a header only: the recording was
     stopped at once)."""
@@ -254,7 +271,7 @@ def _tick_lines(path: Path, f: IO[str]) -> Iterator[dict[str, Any]]:
     if not seen:
         raise CaptureFormatError(f"{path} holds no ticks (a header only: was the recording stopped at once?)")
 
-def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+def iter_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[Tick]]:
     """Open a capture and read it as it is consumed: its header now, its ticks one line at a time.
 
     Replaying a capture this way takes the memory of one tick, whatever its length (an 8-GPU
@@ -281,13 +298,13 @@ def iter_capture(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, A
         f.close()
         raise
 
-    def ticks() -> Iterator[dict[str, Any]]:
+    def ticks() -> Iterator[Tick]:
         with f:
             yield from _tick_lines(path, f)
 
     return header, ticks()
 
-def read_capture(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def read_capture(path: str | Path) -> tuple[CaptureHeader, list[Tick]]:
     """Read a whole capture file into memory (``iter_capture`` streams it instead).
 
     Returns:
@@ -323,17 +340,17 @@ class ReplayBackend:
         self,
         path: str | Path | None = None,
         *,
-        header: Mapping[str, Any] | None = None,
-        ticks: Iterable[Mapping[str, Any]] | None = None,
+        header: CaptureHeader | None = None,
+        ticks: Iterable[Tick] | None = None,
     ) -> None:
         if path is not None:
             header, ticks = iter_capture(path)
         if header is None or ticks is None:
             raise ValueError("ReplayBackend needs a path or header and ticks")
-        self.header = dict(header)
+        self.header: CaptureHeader = header.copy()
         stream = iter(ticks)
         first = next(stream, None)
-        self._init: dict[str, list[dict[str, Any]]] = {}
+        self._init: dict[str, list[Outcome]] = {}
         if first is not None and first["tick"] < 0:
             self._init = self._index(first["calls"])
             first = next(stream, None)
@@ -342,17 +359,17 @@ class ReplayBackend:
         # read as the replay reaches them.
         if first is not None:
             stream = itertools.chain([first], stream)
-        self._ticks: Iterator[Mapping[str, Any]] = (t for t in stream if t["tick"] >= 0)
-        self._current: dict[str, list[dict[str, Any]]] = {}
+        self._ticks: Iterator[Tick] = (t for t in stream if t["tick"] >= 0)
+        self._current: dict[str, list[Outcome]] = {}
 
     @staticmethod
-    def _index(calls: Sequence[Sequence[Any]]) -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
+    def _index(calls: Sequence[RecordedCall]) -> dict[str, list[Outcome]]:
+        out: dict[str, list[Outcome]] = {}
         for scope, fn, args, kwargs, outcome in calls:
             out.setdefault(_key(scope, fn, args, kwargs), []).append(outcome)
         return out
 
-    def _answer(self, scope: Any, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    def _answer(self, scope: Scope, fn: str, args: Sequence[NvmlArg], kwargs: Mapping[str, NvmlArg]) -> NvmlAnswer:
         key = _key(scope, fn, args, kwargs)
         queue = self._current.get(key) or self._init.get(key)
         if not queue:
@@ -377,15 +394,17 @@ class ReplayBackend:
         except StopIteration:
             raise EndOfCapture from None
         self._current = self._index(tick["calls"])
-        return float(tick["ts"])
+        recorded = tick["ts"]
+        assert recorded is not None  # only the init block has none (``_shape_error`` checked the ticks)
+        return float(recorded)
 
-    def system(self, fn: str, *args: Any) -> Any:
+    def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         return self._answer("sys", fn, args, {})
 
-    def device(self, index: int, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def device(self, index: int, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         return self._answer(index, fn, args, kwargs)
 
-    def gpm(self, index: int, metric_ids: Sequence[int]) -> dict[int, Any] | None:
+    def gpm(self, index: int, metric_ids: Sequence[int]) -> GpmValues | None:
         raw = self._answer(index, "gpm", [list(metric_ids)], {})
         if raw is None:
             return None
@@ -397,10 +416,11 @@ class ReplayBackend:
     def forget_device(self, index: int) -> None:
         pass
 
-    def xid_poll(self) -> list[dict[str, Any]]:
+    def xid_poll(self) -> list[RawXid]:
         return list(self._answer("sys", "xid_poll", (), {}) or [])
 
-    def pcie_throughput(self, index: int, **kwargs: Any) -> dict[str, Any] | None:
+    def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
+        kwargs: dict[str, NvmlArg] = {} if period is None else {"period": period}
         try:
             return self._answer(index, "pcie_throughput", (), kwargs)
         except NvmlCallError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from vgpumon.model import GpuIdentity
 from vgpumon.sources.nvml.backend import NvmlCallError
@@ -20,8 +20,17 @@ from vgpumon.sources.nvml.constants import (
     DeviceDown,
 )
 from vgpumon.sources.nvml.reads import (
+    CallKey,
+    SampleValues,
     _Reader,
+    number_of,
 )
+
+if TYPE_CHECKING:
+    from vgpumon.sources.nvml.backend import NvmlBackend
+
+#: GPM's PCIe figures of recent ticks: ``(tick time, TX bytes/s, RX bytes/s)``, ``None`` unread.
+GpmHistory: TypeAlias = "deque[tuple[float, float | None, float | None]]"
 
 log = logging.getLogger("vgpumon.sources.nvml")
 
@@ -29,7 +38,18 @@ log = logging.getLogger("vgpumon.sources.nvml")
 class PcieChecks:
     """The PCIe cross-check and the pre-Hopper throughput path (a part of ``NvmlSource``)."""
 
-    def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any], slow: bool) -> None:
+    # what it uses of NvmlSource (set there)
+    backend: NvmlBackend
+    _gpm_history: dict[str, GpmHistory]
+    _crosschecked: dict[str, float]
+    _pcie_strikes: dict[str, int]
+    _pcie_fault: dict[str, str]
+
+    if TYPE_CHECKING:  # NvmlSource's (a stub here would shadow it in the method order)
+
+        def _event(self, kind: str, subject: str, detail: str = "") -> None: ...
+
+    def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues, slow: bool) -> None:
         """Keep GPM's PCIe figures honest: on slow ticks, compare them with the newest
         ``nvmlDeviceGetPcieThroughput`` reading (taken on the backend's poller thread, never on
         this one: the call blocks ~21 ms per direction; the byte counters 197/198 cannot serve,
@@ -41,7 +61,7 @@ class PcieChecks:
         history = self._gpm_history.get(gpu.uuid)
         if history is None:
             history = self._gpm_history[gpu.uuid] = deque(maxlen=CROSSCHECK_HISTORY)
-        history.append((ts, v.get("pcie_tx_bytes_per_second"), v.get("pcie_rx_bytes_per_second")))
+        history.append((ts, number_of(v, "pcie_tx_bytes_per_second"), number_of(v, "pcie_rx_bytes_per_second")))
         if slow:
             self._crosscheck_once(r, gpu, history)
         fault = self._pcie_fault.get(gpu.uuid)
@@ -50,14 +70,16 @@ class PcieChecks:
                 v.pop(f, None)
                 r.missing[f] = f"collector fault: {fault}"
 
-    def _crosscheck_once(self, r: _Reader, gpu: GpuIdentity, history: deque[tuple[float, Any, Any]]) -> None:
+    def _crosscheck_once(self, r: _Reader, gpu: GpuIdentity, history: GpmHistory) -> None:
         try:
             latest = self.backend.pcie_throughput(gpu.index, period=CROSSCHECK_POLL_SECONDS)
         except NvmlCallError as exc:
             if exc.is_lifecycle:
                 raise DeviceDown(exc) from None
             return  # not supported, or not in this capture: nothing to compare with
-        at = latest.get("ts") if isinstance(latest, dict) else None
+        if not isinstance(latest, dict):
+            return  # no reading yet
+        at = latest.get("ts")
         if not isinstance(at, (int, float)) or at == self._crosschecked.get(gpu.uuid):
             return  # no reading yet, or the one already compared
         # the GPM tick whose interval holds the reading (GPM averages over the tick before it)
@@ -88,11 +110,11 @@ class PcieChecks:
             self._pcie_fault[gpu.uuid] = detail
             self._event("collector_fault", f"gpu:{gpu.uuid}", detail)
 
-    def _pcie_throughput(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
+    def _pcie_throughput(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues) -> None:
         """Pre-Hopper PCIe bytes/s: the newest reading of the backend's throughput poller (a
         20 ms window every few seconds, not an average over the tick)."""
         fields = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
-        key = ("pcie_throughput", (), ())
+        key: CallKey = ("pcie_throughput", (), ())
         if key in r.unsupported:
             for f in fields:
                 r.missing[f] = "not supported"

@@ -4,7 +4,7 @@ and minute sets, GPM; the fast path (``fastpath``) answers the same where it app
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vgpumon.model import GpuIdentity, GpuSample
 from vgpumon.sources.nvml.backend import NvmlCallError
@@ -32,15 +32,42 @@ from vgpumon.sources.nvml.constants import (
 from vgpumon.sources.nvml.fastpath import _FastPath
 from vgpumon.sources.nvml.reads import (
     _FAST_SCALARS,
+    SampleValues,
     _admit_processes,
     _Reader,
+    number_of,
 )
+
+if TYPE_CHECKING:
+    from vgpumon.sources.nvml.backend import NvmlBackend
 
 log = logging.getLogger("vgpumon.sources.nvml")
 
 
 class DeviceReads:
     """Reads one device's fields (a part of ``NvmlSource``)."""
+
+    # what it uses of NvmlSource (set there)
+    backend: NvmlBackend
+    fast_path: bool
+    _mem_api: dict[int, str]
+    _mem_api_of: dict[str, str]
+    _fast: dict[int, _FastPath | None]
+    _fast_built: dict[int, tuple[_Reader, GpuIdentity, int, str | None]]
+    _replay_prev: dict[str, tuple[float, float] | None]
+    _minute_due: bool
+
+    if TYPE_CHECKING:  # NvmlSource's and its other parts' (stubs here would shadow them in the method order)
+
+        def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader: ...
+
+        def _event(self, kind: str, subject: str, detail: str = "") -> None: ...
+
+        def _unwedge(self, index: int, fn: str) -> None: ...
+
+        def _crosscheck(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues, slow: bool) -> None: ...
+
+        def _pcie_throughput(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues) -> None: ...
 
     def _fast_path(self, r: _Reader, gpu: GpuIdentity) -> _FastPath | None:
         """The device's straight-line reader, kept while its reader and "not supported" cache
@@ -54,11 +81,13 @@ class DeviceReads:
 
     def _sample_device(self, gpu: GpuIdentity, ts: float, slow: bool) -> GpuSample:
         r = self._reader(gpu.index, gpu)
-        v: dict[str, Any] = {}
+        v: SampleValues = {}
         fast = self._fast_path(r, gpu) if self.fast_path else None
 
         if fast is not None:
-            fast.read(v)  # GPM included where the device has it
+            read = fast.read
+            assert read is not None  # ``_FastPath.build`` gives none without its ``read``
+            read(v)  # GPM included where the device has it
             if gpu.gpm_supported:
                 self._crosscheck(r, gpu, ts, v, slow)
             else:
@@ -86,7 +115,7 @@ class DeviceReads:
             self._slow(r, gpu, ts, v)
         return GpuSample.of(ts, gpu.uuid, gpu.index, r.missing, v)
 
-    def _memory(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
+    def _memory(self, r: _Reader, gpu: GpuIdentity, v: SampleValues) -> None:
         """Memory used/reserved/total through the API decided for this device since the last
         (re-)initialisation: v2 (driver-reserved memory apart) where the driver has it, else v1
         (whose ``used`` includes ~615 MiB reserved on the H200). A failed read is ``None`` for
@@ -109,13 +138,13 @@ class DeviceReads:
                 r.missing.setdefault("memory_total_bytes", r.missing["memory_used_bytes"])
             return
         r.put("memory_total_bytes", r.get("memory_total_bytes", mem, "total"), v)
-        limit = v.get("memory_total_bytes", r.memory_limit)
+        limit = number_of(v, "memory_total_bytes", r.memory_limit)
         r.put("memory_used_bytes", r.get("memory_used_bytes", mem, "used"), v, limit=limit)
         if api == "v2":
             r.put("memory_reserved_bytes", r.get("memory_reserved_bytes", mem, "reserved"), v, limit=limit)
 
     @staticmethod
-    def _utilization(r: _Reader, v: dict[str, Any]) -> None:
+    def _utilization(r: _Reader, v: SampleValues) -> None:
         util = r.q("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates")
         if util is not None:
             r.put("utilization_gpu_ratio", r.get("utilization_gpu_ratio", util, "gpu"), v, 0.01)
@@ -133,7 +162,7 @@ class DeviceReads:
             self._event("memory_api_changed", f"gpu:{gpu.uuid}", f"{before} → {api}")
         return api
 
-    def _processes(self, r: _Reader, v: dict[str, Any]) -> None:
+    def _processes(self, r: _Reader, v: SampleValues) -> None:
         procs = r.q("processes", "nvmlDeviceGetComputeRunningProcesses")
         if procs is None:
             return
@@ -143,7 +172,7 @@ class DeviceReads:
             return
         _admit_processes(r, v, [(p.get("pid"), p.get("usedGpuMemory")) for p in procs])
 
-    def _slow(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
+    def _slow(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues) -> None:
         for field, etype, counter in (
             ("ecc_corrected_volatile_total", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
             ("ecc_uncorrected_volatile_total", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
@@ -182,15 +211,15 @@ class DeviceReads:
         r.put("persistence_mode", r.q("persistence_mode", "nvmlDeviceGetPersistenceMode"), v)
         r.put("compute_mode", r.q("compute_mode", "nvmlDeviceGetComputeMode"), v)
 
-    def _minute(self, r: _Reader, gpu: GpuIdentity, ts: float, v: dict[str, Any]) -> None:
+    def _minute(self, r: _Reader, gpu: GpuIdentity, ts: float, v: SampleValues) -> None:
         """The minute set (``MINUTE_SECONDS``): the calls that cost the driver most CPU."""
         r.put("energy_joules_total", r.q("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption"), v, 1e-3)
         bar1 = r.q("bar1_used_bytes", "nvmlDeviceGetBAR1MemoryInfo")
         if bar1 is not None:
             r.put("bar1_total_bytes", r.get("bar1_total_bytes", bar1, "bar1Total"), v)
-            r.put("bar1_used_bytes", r.get("bar1_used_bytes", bar1, "bar1Used"), v, limit=v.get("bar1_total_bytes"))
+            r.put("bar1_used_bytes", r.get("bar1_used_bytes", bar1, "bar1Used"), v, limit=number_of(v, "bar1_total_bytes"))
         r.put("pcie_replay_total", r.q("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter"), v)
-        replays = v.get("pcie_replay_total")
+        replays = number_of(v, "pcie_replay_total")
         if replays is not None:
             stepped = gpu.uuid in self._replay_prev and self._replay_prev[gpu.uuid] is None
             prev = self._replay_prev.get(gpu.uuid)
@@ -214,7 +243,7 @@ class DeviceReads:
         elif mig is not None:
             r.get("mig_mode", mig, "")
 
-    def _gpm(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None:
+    def _gpm(self, r: _Reader, gpu: GpuIdentity, v: SampleValues) -> None:
         watch = r.watch
         if watch is not None:
             watch.fn = "nvmlGpmSampleGet"
@@ -234,7 +263,7 @@ class DeviceReads:
         spec, pcie_limit = r.spec, r.pcie_limit
         for metric_id, field in _GPM_FIELDS.items():
             value = metrics.get(metric_id)
-            if value.__class__ is float:  # the common case, inline: a float inside the field's range
+            if isinstance(value, float):  # the common case, inline: a float inside the field's range
                 lo, hi = spec[field][:2]
                 if metric_id in _GPM_PCIE:  # MiB/s
                     x = value * _MIB

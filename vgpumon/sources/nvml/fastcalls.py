@@ -17,16 +17,32 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, TypeAlias
 
 from vgpumon.sources.nvml.plain import _VALUE_MEMBERS, to_plain
+from vgpumon.sources.nvml.shapes import NvmlAnswer, NvmlHandle
+
+#: A C function of libnvidia-ml (from nvidia-ml-py's ``_nvmlGetFunctionPointer``): it answers
+#: an ``nvmlReturn_t``, 0 on success, and writes its results through its out-arguments.
+CFunction: TypeAlias = Callable[..., int]
+#: A fast call bound to one device: answers as ``LiveBackend.device(index, fn, ...)`` would.
+BoundCall: TypeAlias = Callable[..., NvmlAnswer]
+#: A plain-getter call of the straight-line reader's plan: ``(function, args)``.
+ScalarCall: TypeAlias = tuple[str, tuple[int, ...]]
+#: A ctypes struct, struct class or array built here at run time with nvidia-ml-py's layouts
+#: (``_plain_copy``): its fields exist only at run time, so no static type can name them.
+CStruct: TypeAlias = Any
+#: A ``ctypes.byref`` of an out-argument.
+CRef: TypeAlias = "ctypes._CArgObject"
 
 #: nvml.h ``NVML_ERROR_INSUFFICIENT_SIZE``: the process list needs a larger array.
 _INSUFFICIENT_SIZE = 7
 _NOT_AVAILABLE_U64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
-def _plain_copy(name: str, struct: Any, base: type = ctypes.Structure) -> type:
+def _plain_copy(name: str, struct: CStruct, base: type = ctypes.Structure) -> CStruct:
     """A plain ctypes struct (or union) with ``struct``'s layout: field reads without
     nvidia-ml-py's ``__getattribute__``."""
     fields = []
@@ -51,7 +67,7 @@ class FastCalls:
     device's.
     """
 
-    def __init__(self, nv: Any, error: Callable[[int, str], Exception]) -> None:
+    def __init__(self, nv: ModuleType, error: Callable[[int, str], Exception]) -> None:
         self.nv = nv
         self.error = error
         get = nv._nvmlGetFunctionPointer
@@ -59,9 +75,9 @@ class FastCalls:
         self._util = _plain_copy("Utilization", nv.c_nvmlUtilization_t)
         self._proc = _plain_copy("ProcessInfoV3", nv.c_nvmlProcessInfo_v3_t)
         self._field = _plain_copy("FieldValue", nv.c_nvmlFieldValue_t)
-        self._makers: list[tuple[str, Callable[[str, Any, Any], Callable[..., Any]], Any]] = []
-        self._scalar_types: dict[str, tuple[Any, Any]] = {}
-        scalars = {
+        self._makers: list[tuple[str, Callable[[str, CFunction, NvmlHandle], BoundCall], CFunction]] = []
+        self._scalar_types: dict[str, tuple[CFunction, type[ctypes.c_uint | ctypes.c_ulonglong]]] = {}
+        scalars: dict[str, type[ctypes.c_uint | ctypes.c_ulonglong]] = {
             "nvmlDeviceGetPowerUsage": ctypes.c_uint,
             "nvmlDeviceGetTemperature": ctypes.c_uint,
             "nvmlDeviceGetClockInfo": ctypes.c_uint,
@@ -76,7 +92,7 @@ class FastCalls:
                 cfn = get(fn)
             except nv.NVMLError:
                 continue  # this driver lacks it: nvidia-ml-py's wrapper answers
-            self._makers.append((fn, lambda f, c, h, t=ctype: self._scalar(f, c, h, t), cfn))
+            self._makers.append((fn, self._scalar_maker(ctype), cfn))
             self._scalar_types[fn] = (cfn, ctype)
         for fn, cname, make in (
             ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", self._memory_v2),
@@ -89,11 +105,11 @@ class FastCalls:
             except nv.NVMLError:
                 continue
 
-    def bind(self, handle: Any) -> dict[str, Callable[..., Any]]:
+    def bind(self, handle: NvmlHandle) -> dict[str, BoundCall]:
         """The fast calls of one device (its ``nvmlDevice_t``), by nvidia-ml-py function name."""
         return {fn: make(fn, cfn, handle) for fn, make, cfn in self._makers}
 
-    def parts(self, handle: Any, scalar_calls: Sequence[tuple[str, tuple[Any, ...]]] = ()) -> "Parts":
+    def parts(self, handle: NvmlHandle, scalar_calls: Sequence[ScalarCall] = ()) -> Parts:
         """The C functions and out-structs of one device's fast set, for a reader in straight-line
         code (``vgpumon.sources.nvml._FastPath``); each device gets structs of its own.
 
@@ -111,19 +127,40 @@ class FastCalls:
         cfns = {fn: cfn for fn, _, cfn in self._makers}
         scalars = [(fn, args) for fn, args in scalar_calls if fn in self._scalar_types]
         # (name, ctypes type) of every out-parameter, laid out in one structure
-        layout: list[tuple[str, Any]] = [
+        layout: list[tuple[str, CStruct]] = [
             ("memory", self._mem_v2), ("utilization", self._util), ("field_value", self._field * 1),
             ("count", ctypes.c_uint),
         ]
         layout += [(f"scalar{i}", self._scalar_types[fn][1]) for i, (fn, _) in enumerate(scalars)]
-        arena_type = type("FastArena", (ctypes.Structure,), {"_fields_": layout})
+        arena_type: CStruct = type("FastArena", (ctypes.Structure,), {"_fields_": layout})
         arena = arena_type()
-        parts = Parts(handle, arena)
         types = dict(layout)
 
-        def out(name: str) -> Any:
+        def out(name: str) -> CStruct:
             return types[name].from_buffer(arena, getattr(arena_type, name).offset)
 
+        # the raw answers read in one go: (name, offset in the arena, struct code)
+        mem, util, fv = self._mem_v2, self._util, self._field
+        reads: list[tuple[str | ScalarCall, int, str]] = [
+            ("memory.total", arena_type.memory.offset + mem.total.offset, "Q"),
+            ("memory.reserved", arena_type.memory.offset + mem.reserved.offset, "Q"),
+            ("memory.used", arena_type.memory.offset + mem.used.offset, "Q"),
+            ("utilization.gpu", arena_type.utilization.offset + util.gpu.offset, "I"),
+            ("utilization.memory", arena_type.utilization.offset + util.memory.offset, "I"),
+            ("field_value.valueType", arena_type.field_value.offset + fv.valueType.offset, "I"),
+            ("field_value.nvmlReturn", arena_type.field_value.offset + fv.nvmlReturn.offset, "I"),
+            # the union's uiVal (every member starts at its first byte), meaningful when valueType is 1
+            ("field_value.uiVal", arena_type.field_value.offset + fv.value.offset, "I"),
+            ("count", arena_type.count.offset, "I"),
+        ]
+        reads += [(key, getattr(arena_type, f"scalar{i}").offset, "Q" if ctypes.sizeof(self._scalar_types[key[0]][1]) == 8 else "I")
+                  for i, key in enumerate(scalars)]
+        reads.sort(key=lambda x: x[1])
+        fmt, pos = "=", 0
+        for _name, offset, code in reads:
+            fmt += "x" * (offset - pos) + code
+            pos = offset + struct.calcsize("=" + code)
+        parts = Parts(handle, arena, struct.Struct(fmt).unpack_from, {name: i for i, (name, _, _) in enumerate(reads)})
         cfn = cfns.get("nvmlDeviceGetMemoryInfo")
         if cfn is not None:
             m = out("memory")
@@ -144,36 +181,19 @@ class FastCalls:
         for i, (fn, args) in enumerate(scalars):
             o = out(f"scalar{i}")
             parts.scalars[(fn, args)] = (self._scalar_types[fn][0], ctypes.byref(o), o)
-        # the raw answers read in one go: (name, offset in the arena, struct code)
-        mem, util, fv = self._mem_v2, self._util, self._field
-        reads: list[tuple[Any, int, str]] = [
-            ("memory.total", arena_type.memory.offset + mem.total.offset, "Q"),
-            ("memory.reserved", arena_type.memory.offset + mem.reserved.offset, "Q"),
-            ("memory.used", arena_type.memory.offset + mem.used.offset, "Q"),
-            ("utilization.gpu", arena_type.utilization.offset + util.gpu.offset, "I"),
-            ("utilization.memory", arena_type.utilization.offset + util.memory.offset, "I"),
-            ("field_value.valueType", arena_type.field_value.offset + fv.valueType.offset, "I"),
-            ("field_value.nvmlReturn", arena_type.field_value.offset + fv.nvmlReturn.offset, "I"),
-            # the union's uiVal (every member starts at its first byte), meaningful when valueType is 1
-            ("field_value.uiVal", arena_type.field_value.offset + fv.value.offset, "I"),
-            ("count", arena_type.count.offset, "I"),
-        ]
-        reads += [(key, getattr(arena_type, f"scalar{i}").offset, "Q" if ctypes.sizeof(self._scalar_types[key[0]][1]) == 8 else "I")
-                  for i, key in enumerate(scalars)]
-        reads.sort(key=lambda x: x[1])
-        fmt, pos = "=", 0
-        for _name, offset, code in reads:
-            fmt += "x" * (offset - pos) + code
-            pos = offset + struct.calcsize("=" + code)
-        parts.unpack = struct.Struct(fmt).unpack_from
-        parts.at = {name: i for i, (name, _, _) in enumerate(reads)}
         return parts
 
-    def _scalar(self, fn: str, cfn: Any, handle: Any, ctype: Any) -> Callable[..., Any]:
+    def _scalar_maker(self, ctype: type[ctypes.c_uint | ctypes.c_ulonglong]) -> Callable[[str, CFunction, NvmlHandle], BoundCall]:
+        def make(fn: str, cfn: CFunction, handle: NvmlHandle) -> BoundCall:
+            return self._scalar(fn, cfn, handle, ctype)
+
+        return make
+
+    def _scalar(self, fn: str, cfn: CFunction, handle: NvmlHandle, ctype: type[ctypes.c_uint | ctypes.c_ulonglong]) -> BoundCall:
         error, out = self.error, ctype()
         ref = ctypes.byref(out)
 
-        def call(*args: Any) -> Any:
+        def call(*args: int) -> int:
             ret = cfn(handle, *args, ref)
             if ret:
                 raise error(ret, fn)
@@ -181,13 +201,13 @@ class FastCalls:
 
         return call
 
-    def _memory_v2(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+    def _memory_v2(self, fn: str, cfn: CFunction, handle: NvmlHandle) -> BoundCall:
         error, m = self.error, self._mem_v2()
         m.version = self.nv.nvmlMemory_v2
         ref = ctypes.byref(m)
         generic = getattr(self.nv, fn)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> NvmlAnswer:
             if not kwargs.get("version"):  # v1: rare (drivers without v2), through nvidia-ml-py
                 return to_plain(generic(handle, *args, **kwargs))
             ret = cfn(handle, ref)
@@ -197,11 +217,11 @@ class FastCalls:
 
         return call
 
-    def _utilization(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+    def _utilization(self, fn: str, cfn: CFunction, handle: NvmlHandle) -> BoundCall:
         error, u = self.error, self._util()
         ref = ctypes.byref(u)
 
-        def call() -> Any:
+        def call() -> dict[str, int]:
             ret = cfn(handle, ref)
             if ret:
                 raise error(ret, fn)
@@ -209,11 +229,11 @@ class FastCalls:
 
         return call
 
-    def _processes(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+    def _processes(self, fn: str, cfn: CFunction, handle: NvmlHandle) -> BoundCall:
         error, proc = self.error, self._proc
         held = [(proc * 32)()]
 
-        def call() -> Any:
+        def call() -> list[dict[str, int | None]]:
             arr = held[0]
             count = ctypes.c_uint(len(arr))
             ret = cfn(handle, ctypes.byref(count), arr)
@@ -235,11 +255,11 @@ class FastCalls:
 
         return call
 
-    def _field_values(self, fn: str, cfn: Any, handle: Any) -> Callable[..., Any]:
+    def _field_values(self, fn: str, cfn: CFunction, handle: NvmlHandle) -> BoundCall:
         error, field = self.error, self._field
-        arrays: dict[tuple[int, ...], Any] = {}
+        arrays: dict[tuple[int, ...], CStruct] = {}
 
-        def call(ids: Any) -> Any:
+        def call(ids: Sequence[int]) -> list[dict[str, NvmlAnswer]]:
             key = tuple(ids)
             arr = arrays.get(key)
             if arr is None:
@@ -278,16 +298,22 @@ class Parts:
 
     __slots__ = ("handle", "arena", "memory", "utilization", "field_values", "processes", "scalars", "unpack", "at")
 
-    def __init__(self, handle: Any, arena: Any = None) -> None:
+    def __init__(
+        self,
+        handle: NvmlHandle,
+        arena: ctypes.Structure,
+        unpack: Callable[[ctypes.Structure], tuple[int, ...]],
+        at: dict[str | ScalarCall, int],
+    ) -> None:
         self.handle = handle
         self.arena = arena
-        self.memory: Any = None
-        self.utilization: Any = None
-        self.field_values: Any = None
-        self.processes: Any = None
-        self.scalars: dict[str, Any] = {}
-        self.unpack: Any = None
-        self.at: dict[str, int] = {}
+        self.memory: tuple[CFunction, CRef, CStruct] | None = None
+        self.utilization: tuple[CFunction, CRef, CStruct] | None = None
+        self.field_values: tuple[CFunction, CStruct, CStruct] | None = None
+        self.processes: tuple[CFunction, CStruct, list[CStruct], ctypes.c_uint, CRef] | None = None
+        self.scalars: dict[ScalarCall, tuple[CFunction, CRef, ctypes.c_uint | ctypes.c_ulonglong]] = {}
+        self.unpack = unpack
+        self.at = at
 
     def read(self) -> tuple[int, ...]:
         """Every raw answer in the arena, as the last calls left them (places in ``at``)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from types import CodeType
+from typing import TypeAlias, cast
 
 from vgpumon.catalogue.door import _PLAIN_HI, _PLAIN_LO, _SENTINEL_FLOOR
 from vgpumon.model import GpuIdentity
@@ -19,23 +21,33 @@ from vgpumon.sources.nvml.constants import (
     NVML_FI_DEV_MEMORY_TEMP,
     NVML_PSTATE_UNKNOWN,
 )
-from vgpumon.sources.nvml.fastcalls import _INSUFFICIENT_SIZE
+from vgpumon.sources.nvml.fastcalls import _INSUFFICIENT_SIZE, CFunction, CStruct, Parts
 from vgpumon.sources.nvml.plain import _VALUE_MEMBERS as _FV_MEMBERS
 from vgpumon.sources.nvml.reads import (
     _ALWAYS_ASKED,
     _FAST_CALLS,
     _FAST_SCALARS,
     _PSTATE_CALL,
+    SampleValues,
     _admit_processes,
     _procs_of,
     _Reader,
     _SourceParts,
     _Watch,
+    number_of,
 )
+from vgpumon.sources.nvml.shapes import NvmlAnswer
 
 #: ``_FastPath._compile``'s code objects by source: plans repeat (each re-probe rebuilds them,
 #: identical GPUs share one), so a plan is compiled once
-_COMPILED: dict[str, Any] = {}
+_COMPILED: dict[str, CodeType] = {}
+
+#: ``LiveBackend.gpm_flat``: a GPM device's flat ``(code, value, ...)`` answer, ``None`` the first time.
+GpmFlat: TypeAlias = Callable[[int, Sequence[int]], "tuple[float, ...] | None"]
+#: A process list as ``(pid, usedGpuMemory)`` pairs, as read, before the door.
+Procs: TypeAlias = list[tuple[NvmlAnswer, NvmlAnswer]]
+#: ``(field, fn, args, scale, place in the raw answers, lo, hi, how)`` of a plain getter.
+_ScalarAdmission: TypeAlias = tuple[str, str, tuple[int, ...], float, int, float, float, int]
 
 class _FastPath:
     """One device's fast set in straight-line code, for the live backend: the calls
@@ -54,8 +66,13 @@ class _FastPath:
     reader changes.
     """
 
-    def __init__(self, source: "_SourceParts", r: _Reader, gpu: GpuIdentity, parts: Any, gpm: Any) -> None:
+    def __init__(self, source: "_SourceParts", r: _Reader, gpu: GpuIdentity, parts: Parts, gpm: GpmFlat | None) -> None:
         self.source, self.r, self.gpu, self.parts = source, r, gpu, parts
+        memory, utilization, field_values, processes = parts.memory, parts.utilization, parts.field_values, parts.processes
+        if memory is None or utilization is None or field_values is None or processes is None:
+            raise ValueError("a fast path needs every fast-set call (``build`` checks)")
+        #: ``(C function, struct type, [array], count, byref(count))`` of the process list
+        self.processes = processes
         spec, at, h = r.spec, parts.at, parts.handle
         #: ``backend.gpm_flat`` for a GPM device, else ``None``
         self.gpm = gpm
@@ -66,22 +83,22 @@ class _FastPath:
             how = 2 if flag else (0 if scale == 1.0 else 3) if integral else 1
             return lo, hi, how
 
-        cfn, ref, _ = parts.memory
-        head = [("nvmlDeviceGetMemoryInfo", cfn, (h, ref))]
-        cfn, ref, _ = parts.utilization
+        cfn, ref, _ = memory
+        head: list[tuple[str, CFunction, tuple[object, ...]]] = [("nvmlDeviceGetMemoryInfo", cfn, (h, ref))]
+        cfn, ref, _ = utilization
         head.append(("nvmlDeviceGetUtilizationRates", cfn, (h, ref)))
         #: (function, C function, arguments) of each call before GPM and after it
         self.head_calls = tuple(head)
-        tail = []
+        tail: list[tuple[str, CFunction, tuple[object, ...]]] = []
         self.memtemp_unsupported = ("nvmlDeviceGetFieldValues", ((NVML_FI_DEV_MEMORY_TEMP,),), ()) in r.unsupported
         if not self.memtemp_unsupported:
-            cfn, _, entry = parts.field_values
+            cfn, _, entry = field_values
             entry[0].fieldId = NVML_FI_DEV_MEMORY_TEMP
             tail.append(("nvmlDeviceGetFieldValues", cfn, (h, ctypes.c_int32(1), entry)))
-        self.fv_entry = parts.field_values[2]
+        self.fv_entry: CStruct = field_values[2]
         #: admission of each plain getter, in call order: (field, fn, args, scale, place in the
         #: raw answers, lo, hi, how); a getter answered "not supported" is not asked (as ``q``)
-        self.scalars: list[tuple[Any, ...]] = []
+        self.scalars: list[_ScalarAdmission] = []
         self.unsupported: list[str] = []
         for field, fn, args, scale in _FAST_SCALARS:
             if (fn, args, ()) in r.unsupported:
@@ -114,7 +131,7 @@ class _FastPath:
         #: Raises ``DeviceDown`` on a lifecycle error (through the general path).
         self.read = self._compile()
 
-    def _compile(self) -> Callable[[dict[str, Any]], None] | None:
+    def _compile(self) -> Callable[[SampleValues], None] | None:
         """This device's ``read`` as one generated function, or ``None`` where a field's kind is
         not one it handles.
 
@@ -131,14 +148,14 @@ class _FastPath:
             return None
         if any(how > 1 for *_, how in self.scalars):
             return None
-        ns: dict[str, Any] = {
+        ns: dict[str, object] = {  # the generated code's globals
             "W": r.watch, "R": r, "put": r.put, "unpack": self.parts.unpack, "arena": self.parts.arena,
             "processes": self._processes_call, "admit": self._admit, "admit_processes": _admit_processes,
             "GPM": self.gpm, "METRICS": GPM_METRICS, "NvmlCallError": NvmlCallError,
             "SF": _SENTINEL_FLOOR, "PL": _PLAIN_LO, "PH": _PLAIN_HI,
         }
 
-        def const(x: Any) -> str:
+        def const(x: object) -> str:
             if x is None or x.__class__ is bool or x.__class__ is int or (x.__class__ is float and math.isfinite(x)):
                 return repr(x)
             name = f"K{len(ns)}"
@@ -151,7 +168,7 @@ class _FastPath:
         code = ["def read(v):"]
         rets: list[str] = []
 
-        def call(fn: str, cfn: Any, args: tuple[Any, ...]) -> None:
+        def call(fn: str, cfn: CFunction, args: tuple[object, ...]) -> None:
             n = len(rets)
             ns[f"C{n}"] = cfn
             names = []
@@ -185,7 +202,7 @@ class _FastPath:
             call(fn, cfn, args)
         # the process list: a failed call or more processes than the array holds go through
         # ``_processes_call``, which asks again (growing the array) and says which
-        cp, _, held, count, count_ref = self.parts.processes
+        cp, _, held, count, count_ref = self.processes
         ns.update(CP=cp, HELD=held, CNT=count, CREF=count_ref, H=self.parts.handle, procs_of=_procs_of)
         code += [
             "    arr = HELD[0]",
@@ -271,7 +288,7 @@ class _FastPath:
             if len(_COMPILED) < 256:
                 _COMPILED[self.source_code] = compiled
         exec(compiled, ns)  # noqa: S102 - our own code, from the plan above
-        return ns["read"]
+        return cast("Callable[[SampleValues], None]", ns["read"])  # the function exec just defined
 
     @staticmethod
     def build(source: "_SourceParts", r: _Reader, gpu: GpuIdentity) -> "_FastPath | None":
@@ -303,8 +320,8 @@ class _FastPath:
         fast = _FastPath(source, r, gpu, parts, gpm)
         return fast if fast.read is not None else None
 
-    def _admit(self, v: dict[str, Any], rets: list[int], flat: Any, gpm_error: NvmlCallError | None,
-               procs: list[tuple[int, Any]] | None) -> None:
+    def _admit(self, v: SampleValues, rets: list[int], flat: tuple[float, ...] | None, gpm_error: NvmlCallError | None,
+               procs: Procs | None) -> None:
         """Admit the answers of the generated ``read``'s calls into ``v`` (return codes of the calls
         before and after GPM, GPM's flat answer and error, the process list or ``None``),
         whatever they are, in the general path's order: a failed call is asked again through
@@ -316,6 +333,7 @@ class _FastPath:
         r = self.r
         missing = r.missing
         parts = self.parts
+        x: float  # each raw reading in turn, or it in base units
         raw = parts.unpack(parts.arena)
         i_total, i_reserved, i_used, i_ugpu, i_umem, i_vtype, i_fvret, i_fv, i_pstate = self.at
         source = self.source
@@ -329,7 +347,7 @@ class _FastPath:
                 v["memory_total_bytes"] = total
             else:
                 r.put("memory_total_bytes", total, v)
-            limit = v.get("memory_total_bytes", r.memory_limit)
+            limit = number_of(v, "memory_total_bytes", r.memory_limit)
             cap = hi if limit is None else min(hi, limit * (1 + 1e-6))
             for field, x in (("memory_used_bytes", raw[i_used]), ("memory_reserved_bytes", raw[i_reserved])):
                 if how == 0 and lo <= x <= cap and (x < _SENTINEL_FLOOR or _PLAIN_LO < x < _PLAIN_HI):
@@ -359,7 +377,7 @@ class _FastPath:
                 for i, field, scale, lo, hi, pcie in self.gpm_plan:
                     value = flat[i + 1]
                     if flat[i]:
-                        missing[field] = f"GPM: {NvmlCallError(flat[i], 'nvmlGpmMetricsGet').reason}"
+                        missing[field] = f"GPM: {NvmlCallError(int(flat[i]), 'nvmlGpmMetricsGet').reason}"
                         continue
                     x = value * scale
                     if lo <= x <= hi and (not pcie or pcie_limit is None or x <= pcie_limit * (1 + 1e-6)):
@@ -411,10 +429,10 @@ class _FastPath:
         else:
             v["processes"] = ()
 
-    def _processes_call(self, w: "_Watch", gen: int, index: int) -> list[tuple[int, Any]] | None:
+    def _processes_call(self, w: "_Watch", gen: int, index: int) -> Procs | None:
         """The compute processes (v3 structs) as ``(pid, usedGpuMemory)``; more than fit: grow as
         nvidia-ml-py does. ``None``: the call answered an error (the general path asks again)."""
-        cfn, proc, held, count, count_ref = self.parts.processes
+        cfn, proc, held, count, count_ref = self.processes
         arr = held[0]
         h = self.parts.handle
         count.value = len(arr)

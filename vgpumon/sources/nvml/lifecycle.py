@@ -4,7 +4,7 @@ identified, a library or device that goes away and comes back."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpumon import catalogue
 from vgpumon.model import GpuIdentity, GpuSample
@@ -17,11 +17,36 @@ from vgpumon.sources.nvml.constants import (
     _describe,
 )
 
+if TYPE_CHECKING:
+    from vgpumon.sources.nvml.backend import NvmlBackend
+    from vgpumon.sources.nvml.reads import _Reader, _Unsupported
+
 log = logging.getLogger("vgpumon.sources.nvml")
 
 
 class Lifecycle:
     """Starts NVML, identifies the devices and brings them back (a part of ``NvmlSource``)."""
+
+    # what it uses of NvmlSource (set there)
+    backend: NvmlBackend
+    gpus: tuple[GpuIdentity, ...]
+    driver_version: str | None
+    use_gpm: bool
+    max_backoff_ticks: int
+    _tick: int
+    _device_count: int | None
+    _named_once: bool
+    _unsupported: dict[int, _Unsupported]
+    _mem_api: dict[int, str]
+    _down: dict[int, tuple[str, int, int]]
+    _lib_down: tuple[str, int, int] | None
+    _unidentified: dict[int, tuple[str, int, int]]
+
+    if TYPE_CHECKING:  # NvmlSource's (stubs here would shadow it in the method order)
+
+        def _event(self, kind: str, subject: str, detail: str = "") -> None: ...
+
+        def _reader(self, index: int, gpu: GpuIdentity | None = None) -> _Reader: ...
 
     def _backoff(self, failures: int) -> int:
         return min(2 ** max(failures - 1, 0), self.max_backoff_ticks)
@@ -119,7 +144,7 @@ class Lifecycle:
 
     def _identity(self, index: int) -> GpuIdentity:
         r = self._reader(index)
-        v: dict[str, Any] = {}
+        v: dict[str, Any] = {}  # GpuIdentity's keyword arguments, as the door admitted them
         r.put("uuid", r.q("uuid", "nvmlDeviceGetUUID"), v)
         if "uuid" not in v:  # no identity, no history: the device is treated as down
             raise DeviceDown(NvmlCallError(NVML_ERROR_NOT_SUPPORTED, "nvmlDeviceGetUUID"))

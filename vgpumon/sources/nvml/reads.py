@@ -4,7 +4,7 @@ remembered, values checked at the door) and the general reads of the fast set's 
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue import Door, Rejected
@@ -20,25 +20,40 @@ from vgpumon.sources.nvml.constants import (
     Abandoned,
     DeviceDown,
 )
-from vgpumon.sources.nvml.fastcalls import _NOT_AVAILABLE_U64
+from vgpumon.sources.nvml.fastcalls import _NOT_AVAILABLE_U64, BoundCall, CStruct
+from vgpumon.sources.nvml.shapes import NvmlAnswer, NvmlArg
+
+#: A sample's field values as the reads fill them (field name → the value the door admitted: a
+#: number or flag, a tuple of processes, the activity source's name), for ``GpuSample.of``.
+SampleValues: TypeAlias = dict[str, object]
+#: A call as the "not supported" cache keys it: ``(function, args, kwargs items)``.
+CallKey: TypeAlias = tuple[str, tuple[NvmlArg, ...], tuple[tuple[str, NvmlArg], ...]]
+#: ``(field, function, args, base units per NVML unit)`` of each plain getter ``scalars`` reads.
+ScalarPlan: TypeAlias = tuple[tuple[str, str, tuple[int, ...], float], ...]
+
+
+def number_of(v: SampleValues, field: str, default: float | None = None) -> float | None:
+    """``v[field]`` where the door admitted a number there, else ``default``."""
+    x = v.get(field, default)
+    return x if isinstance(x, (int, float)) else default
 
 
 class _SourceParts(Protocol):
     """What the reads and the fast path call back of ``NvmlSource`` (a protocol: they sit below
     it, and ``NvmlSource`` satisfies it)."""
 
-    backend: Any
-    _mem_api: dict[str, str]
+    backend: NvmlBackend
+    _mem_api: dict[int, str]
 
     def _unwedge(self, index: int, fn: str) -> None: ...
 
     def _gpm_failed(self, r: _Reader, exc: NvmlCallError) -> None: ...
 
-    def _memory(self, r: _Reader, gpu: GpuIdentity, v: dict[str, Any]) -> None: ...
+    def _memory(self, r: _Reader, gpu: GpuIdentity, v: SampleValues) -> None: ...
 
-    def _processes(self, r: _Reader, v: dict[str, Any]) -> None: ...
+    def _processes(self, r: _Reader, v: SampleValues) -> None: ...
 
-    def _utilization(self, r: _Reader, v: dict[str, Any]) -> None: ...
+    def _utilization(self, r: _Reader, v: SampleValues) -> None: ...
 
 
 class _Watch:
@@ -62,7 +77,7 @@ class _Watch:
         self.source._unwedge(index, fn)
         raise Abandoned(f"GPU {index}: {fn} returned after the tick was given up")
 
-class _Unsupported(set):
+class _Unsupported(set[CallKey]):
     """The calls (``(fn, args, kwargs)`` keys) a device answered "not supported", with the set of
     their function names beside them: a call whose function has no entry is asked without
     building its key (most calls, every tick)."""
@@ -72,7 +87,7 @@ class _Unsupported(set):
         self.fns: set[str] = set()
         self.version = 0  # changes with every add and clear: a reader built on the set rebuilds
 
-    def add(self, key: tuple[Any, ...]) -> None:
+    def add(self, key: CallKey) -> None:
         super().add(key)
         self.fns.add(key[0])
         self.version += 1
@@ -103,7 +118,7 @@ class _Reader:
         door: Door,
         gpu: GpuIdentity | None = None,
         watch: "_Watch | None" = None,
-        calls: dict[str, Any] | None = None,
+        calls: dict[str, BoundCall] | None = None,
     ) -> None:
         self.backend = backend
         self.calls = calls or {}  # LiveBackend.bound_calls: the per-tick calls without dispatch
@@ -123,7 +138,7 @@ class _Reader:
         self.pcie_limit = None if capacity is None else 1.25 * capacity
         self.memory_limit = None if gpu is None else gpu.memory_total_bytes
 
-    def q(self, field: str, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def q(self, field: str, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         """Call ``fn`` for this device; ``None`` (reason in ``missing[field]``) on field errors.
 
         Raises:
@@ -149,7 +164,7 @@ class _Reader:
             watch.returned(self.index, fn)  # this thread was given up on while the call hung
         return value
 
-    def _failed(self, field: str, fn: str, key: tuple[Any, ...], exc: NvmlCallError) -> None:
+    def _failed(self, field: str, fn: str, key: CallKey, exc: NvmlCallError) -> None:
         """A call answered with an error: a thread given up on stops, a lifecycle error takes the
         device down, a permanent one is remembered under ``key``, any other is this tick's reason.
 
@@ -165,7 +180,7 @@ class _Reader:
             self.unsupported.add(key)
         self.missing[field] = exc.reason
 
-    def put(self, field: str, raw: Any, v: dict[str, Any], scale: float = 1.0, limit: float | None = None) -> None:
+    def put(self, field: str, raw: NvmlAnswer, v: SampleValues, scale: float = 1.0, limit: float | None = None) -> None:
         """Admit ``raw`` (NVML's unit) × ``scale`` as ``v[field]``; ``None`` stays absent (its
         reason was set by ``q``); an impossible value is left out with its reason."""
         if raw is None:
@@ -196,7 +211,7 @@ class _Reader:
         except Rejected as exc:
             self.missing[field] = exc.reason
 
-    def scalars(self, plan: tuple[tuple[str, str, tuple[Any, ...], float], ...], v: dict[str, Any]) -> None:
+    def scalars(self, plan: ScalarPlan, v: SampleValues) -> None:
         """``put(field, q(field, fn, *args), v, scale)`` for each ``(field, fn, args, scale)`` of
         ``plan``, in one loop: the fast set's plain getters without two Python calls each.
 
@@ -221,7 +236,7 @@ class _Reader:
                 watch.returned(self.index, fn)  # this thread was given up on while the call hung
             self.put(field, raw, v, scale)
 
-    def field_value(self, field: str, field_id: int) -> Any:
+    def field_value(self, field: str, field_id: int) -> NvmlAnswer:
         """One ``nvmlDeviceGetFieldValues`` id. The call succeeds when *any* entry was filled, so
         the entry's own return code decides: NOT_SUPPORTED there is ``None`` (remembered like a
         call that is not supported), never the zeroed value beside it.
@@ -229,7 +244,7 @@ class _Reader:
         Raises:
             DeviceDown: the entry says the device is gone.
         """
-        key = ("nvmlDeviceGetFieldValues", ((field_id,),), ())
+        key: CallKey = ("nvmlDeviceGetFieldValues", ((field_id,),), ())
         answer = self.q(field, "nvmlDeviceGetFieldValues", (field_id,))
         entry = answer[0] if isinstance(answer, list) and answer else answer
         ret = self.get(field, entry, "nvmlReturn")
@@ -245,7 +260,7 @@ class _Reader:
             return None
         return self.get(field, entry, "value")
 
-    def get(self, field: str, answer: Any, key: str) -> Any:
+    def get(self, field: str, answer: NvmlAnswer, key: str) -> NvmlAnswer:
         """``answer[key]`` of a struct answer (a dict), or ``None`` with a reason when the
         answer is not the struct NVML defines (a binding/driver mismatch)."""
         if isinstance(answer, dict) and key in answer:
@@ -257,7 +272,7 @@ class _Reader:
 
 #: The fast set's plain getters: (field, nvidia-ml-py function, its arguments, base units per
 #: NVML unit). ``_Reader.scalars`` reads them in one loop.
-_FAST_SCALARS: tuple[tuple[str, str, tuple[Any, ...], float], ...] = (
+_FAST_SCALARS: ScalarPlan = (
     ("temperature_celsius", "nvmlDeviceGetTemperature", (NVML_TEMPERATURE_GPU,), 1.0),
     ("power_watts", "nvmlDeviceGetPowerUsage", (), 1e-3),
     ("sm_clock_hertz", "nvmlDeviceGetClockInfo", (NVML_CLOCK_SM,), 1e6),
@@ -273,7 +288,7 @@ _PSTATE_CALL = ("nvmlDeviceGetPerformanceState", ())
 #: every plain-getter call of the straight-line path, as ``(function, args)``
 _FAST_CALLS = (*((fn, args) for _, fn, args, _ in _FAST_SCALARS), _PSTATE_CALL)
 
-def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]) -> None:
+def _admit_processes(r: _Reader, v: SampleValues, procs: list[tuple[NvmlAnswer, NvmlAnswer]]) -> None:
     """``v["processes"]`` from ``(pid, usedGpuMemory)`` pairs of a compute-process list: the
     whole list is refused when a PID cannot be one (nvidia-ml-py's struct layout and the driver's
     disagree: PIDs read as 0 / 4294967295 in a pattern); a process's memory figure outside its
@@ -283,10 +298,10 @@ def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]
         r.rejected["processes"] += 1
         return
     out = []
-    limit = v.get("memory_total_bytes", r.memory_limit)
+    limit = number_of(v, "memory_total_bytes", r.memory_limit)
     for pid, used in procs:
         if used is not None:
-            one: dict[str, Any] = {}
+            one: SampleValues = {}
             r.put("used_gpu_memory_bytes", used, one, limit=limit)
             if "used_gpu_memory_bytes" not in one:  # this process's figure only; it stays listed
                 r.missing["used_gpu_memory_bytes"] = f"{r.missing['used_gpu_memory_bytes']} (pid {pid})"
@@ -294,7 +309,7 @@ def _admit_processes(r: _Reader, v: dict[str, Any], procs: list[tuple[Any, Any]]
         out.append((pid, used))
     v["processes"] = tuple(out)
 
-def _procs_of(arr: Any, n: int) -> list[tuple[int, Any]]:
+def _procs_of(arr: CStruct, n: int) -> list[tuple[NvmlAnswer, NvmlAnswer]]:
     """``(pid, usedGpuMemory or None)`` of the first ``n`` v3 process structs of ``arr``."""
     procs = []
     for i in range(n):

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import TypedDict
 
 from vgpumon import catalogue
 from vgpumon.base.errors import NvmlUnavailableError
@@ -51,7 +51,7 @@ from vgpumon.sources.nvml.constants import (
     DeviceDown,
     _describe,
 )
-from vgpumon.sources.nvml.crosscheck import PcieChecks
+from vgpumon.sources.nvml.crosscheck import GpmHistory, PcieChecks
 from vgpumon.sources.nvml.device import DeviceReads
 from vgpumon.sources.nvml.fastpath import _FastPath
 from vgpumon.sources.nvml.lifecycle import Lifecycle
@@ -74,6 +74,18 @@ log = logging.getLogger("vgpumon.sources.nvml")
 
 
 
+
+
+class _TickState(TypedDict):
+    """The tick being read (``sample``), kept so that ``resume`` can finish it after a wedge."""
+
+    ts: float
+    tick: int
+    slow: bool
+    t0: float  # perf_counter at its start
+    mono: float  # monotonic at its start
+    done: dict[int, GpuSample]  # device index → its sample, in the order of ``gpus``
+    late: bool  # resumed: samples read from now on take their own time
 
 
 class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
@@ -125,7 +137,7 @@ class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
         #: the straight-line reader per device (``_FastPath``; ``None`` where it cannot serve) and
         #: the state it was built for (reader, identity, "not supported" cache, memory API)
         self._fast: dict[int, _FastPath | None] = {}
-        self._fast_built: dict[int, tuple[Any, ...]] = {}
+        self._fast_built: dict[int, tuple[_Reader, GpuIdentity, int, str | None]] = {}
         #: use ``_FastPath`` where the backend allows (the live one); False: the general path only
         self.fast_path = True
         self._minute_last: float | None = None  # tick time of the minute set's last read
@@ -135,7 +147,7 @@ class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
         self._down: dict[int, tuple[str, int, int]] = {}
         # library down: (reason, failures, next tick to retry) or None
         self._lib_down: tuple[str, int, int] | None = None
-        self._replay_prev: dict[str, tuple[float, int] | None] = {}
+        self._replay_prev: dict[str, tuple[float, float] | None] = {}
         self._xid_counts: dict[str, Counter[int]] = {}
         self._xid_last: dict[str, dict[int, float]] = {}
         self._xid_warned = False
@@ -146,7 +158,7 @@ class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
         # Wedged calls (``abandon``): device index → (NVML call, monotonic time it started)
         self._watch = _Watch(self)
         self._wedged: dict[int, tuple[str, float]] = {}
-        self._tick_state: dict[str, Any] | None = None
+        self._tick_state: _TickState | None = None
         self._started = False
         self.reprobe_every = max(1, reprobe_every)
         # Devices NVML counts but could not name (UUID unreadable): index → (reason, failures,
@@ -160,7 +172,7 @@ class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
         self._mem_api_of: dict[str, str] = {}  # UUID → API decided last (to tell a change)
         self._events: list[HostEvent] = []
         # GPM PCIe cross-check (``_crosscheck``), per GPU UUID
-        self._gpm_history: dict[str, deque[tuple[float, Any, Any]]] = {}
+        self._gpm_history: dict[str, GpmHistory] = {}
         self._crosschecked: dict[str, float] = {}
         self._pcie_strikes: dict[str, int] = {}
         self._pcie_fault: dict[str, str] = {}
@@ -402,7 +414,7 @@ class NvmlSource(Lifecycle, DeviceReads, PcieChecks, Wedges):
             return ()
         if not raw:  # the common tick
             return ()
-        by_index = {g.index: g.uuid for g in self.gpus}
+        by_index: dict[int | None, str] = {g.index: g.uuid for g in self.gpus}
         events = []
         for e in raw:
             uuid = by_index.get(e.get("index"))

@@ -283,10 +283,10 @@ class PsutilProcessTable:
                 with p.oneshot():
                     if p.status() == psutil.STATUS_ZOMBIE:
                         continue  # exited, not yet reaped by its parent: gone for us
-                    cmdline = p.cmdline()
+                    argv = p.cmdline()
                     started = p.create_time() if known is None else known[1]
-                p.info = {"cmdline": cmdline}
-                server = is_vllm_server(cmdline or ())
+                p.info = {"cmdline": argv}
+                server = is_vllm_server(argv or ())
                 self._verdict[pid] = (server, started, None if server else _raw_cmdline(pid))
                 if server:
                     found[pid] = p

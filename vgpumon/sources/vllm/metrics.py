@@ -33,8 +33,12 @@ Rules (FACTS §5):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 PREFIX = "vllm:"
 
@@ -277,7 +281,7 @@ class _Lines:
         self.has_vllm = False
         self.counters: set[str] = set()
 
-    def _raw(self) -> Iterator[Any]:
+    def _raw(self) -> Iterator[str | bytes | bytearray]:
         buf, start, n = self.body, 0, len(self.body)
         newline = "\n" if isinstance(buf, str) else b"\n"
         while start < n:  # slices of one line at a time: no second copy of the whole body
@@ -314,7 +318,7 @@ class _Lines:
         self.given -= 1  # handed on, but not read
 
 
-def _samples(lines: _Lines) -> Iterator[Any]:
+def _samples(lines: _Lines) -> Iterator[Sample]:
     """Every sample of the body, parsed line by line by prometheus-client: comment lines are
     withheld, so each sample comes back at once as its own family and nothing accumulates. After
     a line the parser refuses, parsing resumes with the next line."""

@@ -10,9 +10,10 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -69,6 +70,9 @@ class Reply:
             return None
 
 
+_T = TypeVar("_T")
+
+
 @dataclass
 class TrackedServer:
     """What the source keeps of one server between polls."""
@@ -80,7 +84,7 @@ class TrackedServer:
     version: str | None = None
     models: tuple[str, ...] | None = None
     caps: dict[str, bool] = field(default_factory=dict)  # endpoint → answers (False after a 404)
-    prev_fingerprint: Any = None
+    prev_fingerprint: Mapping[object, object] | None = None  # gauge_fingerprint of the last scrape
     prev_cpu: Mapping[int, float] | None = None
     prev_cpu_ts: float | None = None
     gpus_seen: set[str] = field(default_factory=set)
@@ -108,7 +112,7 @@ class ServerScraper:
     _gpu_pids: dict[str, set[int]]
     _exec: ThreadPoolExecutor
 
-    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _offload(self, fn: Callable[..., _T], *args: object) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
     def _failed(self, srv: TrackedServer, now: float, exc: Exception) -> list[ServerSample]:
@@ -388,7 +392,7 @@ def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
         return "partial"
     return "full" if reading.has_vllm or stats else "limited"
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
