@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TypedDict
 
-from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy import ColumnElement, Engine, RowMapping, and_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import Alert
 from vgpumon.store.engine import unavailable
 from vgpumon.store.schema import AlertRow, Host
+from vgpumon.store.tables import inserted_id
 
 _T = AlertRow.__table__
 
 
-def _row(host_id: int, a: Alert) -> dict[str, Any]:
+class AlertValues(TypedDict):
+    """The ``alerts`` columns of one episode as written (``labels`` as JSON; times in epoch seconds)."""
+
+    host_id: int
+    name: str
+    severity: str
+    fingerprint: str
+    labels: str
+    state: str
+    active_since: float
+    fired_at: float | None
+    resolved_at: float | None
+    last_eval: float
+    value: float | None
+    summary: str
+    description: str
+
+
+def _row(host_id: int, a: Alert) -> AlertValues:
     return {
         "host_id": host_id, "name": a.name, "severity": a.severity, "fingerprint": a.fingerprint,
         "labels": json.dumps(a.labels, sort_keys=True), "state": a.state, "active_since": a.active_since,
@@ -25,7 +45,7 @@ def _row(host_id: int, a: Alert) -> dict[str, Any]:
     }
 
 
-def _alert(r: Any) -> Alert:
+def _alert(r: RowMapping) -> Alert:
     return Alert(
         name=r["name"], severity=r["severity"], labels=json.loads(r["labels"]), state=r["state"],
         active_since=r["active_since"], last_eval=r["last_eval"], summary=r["summary"], description=r["description"],
@@ -57,7 +77,7 @@ class AlertRepository:
             with self.engine.begin() as conn:
                 host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
                 if host_id is None:
-                    host_id = conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key[0]
+                    host_id = inserted_id(conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key)
                 for a in alerts:
                     row = _row(host_id, a)
                     if a.id is None:
@@ -67,7 +87,7 @@ class AlertRepository:
                             )
                         )
                     if a.id is None:
-                        a.id = int(conn.execute(_T.insert().values(**row)).inserted_primary_key[0])
+                        a.id = inserted_id(conn.execute(_T.insert().values(**row)).inserted_primary_key)
                     else:
                         conn.execute(_T.update().where(_T.c.id == a.id).values(**row))
                 for a in dropped:
@@ -89,11 +109,11 @@ class AlertRepository:
         )
         return self._query(hostname, cond)
 
-    def _query(self, hostname: str, cond: Any) -> list[Alert]:
+    def _query(self, hostname: str, cond: ColumnElement[bool]) -> list[Alert]:
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    select(_T).join(Host, Host.id == _T.c.host_id).where(and_(Host.hostname == hostname, cond))
+                    select(_T).join(Host.__table__, Host.id == _T.c.host_id).where(and_(Host.hostname == hostname, cond))
                     .order_by(_T.c.active_since, _T.c.id)
                 ).mappings().all()
         except SQLAlchemyError as exc:

@@ -11,17 +11,28 @@ Reads still go through the typed models and get base units back.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Field
 from vgpumon.model import GpuSample
-from vgpumon.store.schema import GpuSampleRow, gpu_samples_1m
+from vgpumon.store.schema import ColumnValue, GpuSampleRow, gpu_samples_1m
+
+#: A value as a column stores it: ``int`` (fixed-point, integers, codes, epoch ms), ``bool``,
+#: ``str``, or ``None`` for NULL. Which one is the column's, and rows are positional (a
+#: column's place is known only at run time, from ``GPU_ROW_COLUMNS``), so this stays ``Any``:
+#: the hot paths (rollups, partitions by ``ts``) use values by position without narrowing them.
+StoredValue: TypeAlias = Any
 
 #: A ``gpu_samples`` row as stored: values in ``GPU_ROW_COLUMNS`` order.
-GpuRow = tuple[Any, ...]
+GpuRow: TypeAlias = tuple[StoredValue, ...]
 #: A ``gpu_samples_1m`` row as stored: values in ``ROLLUP_ROW_COLUMNS`` order.
-RollupRow = tuple[Any, ...]
+RollupRow: TypeAlias = tuple[StoredValue, ...]
+
+#: Turns a base-unit value of one field (a number for fixed-point and integer encodings, a code
+#: name for codes, anything for flags and text: the field's own type) into its stored form.
+Encoder: TypeAlias = Callable[[ColumnValue], int | bool | str]
 
 GPU_ROW_COLUMNS: tuple[str, ...] = tuple(c.name for c in GpuSampleRow.__table__.columns)
 ROLLUP_ROW_COLUMNS: tuple[str, ...] = tuple(c.name for c in gpu_samples_1m.columns)
@@ -30,7 +41,7 @@ TS = GPU_ROW_COLUMNS.index("ts")
 UP = GPU_ROW_COLUMNS.index("up")
 
 
-def encoder(f: Field) -> Callable[[Any], Any]:
+def encoder(f: Field) -> Encoder:
     """The function that turns a base-unit value of ``f`` into its stored form.
 
     Fixed-point and integer encodings raise ``OverflowError`` for a value that does not fit the
@@ -50,7 +61,7 @@ def encoder(f: Field) -> Callable[[Any], Any]:
 
 
 #: (position in the row, attribute, encoder) of every catalogue field of ``gpu_samples``.
-_VALUE_ENCODERS: tuple[tuple[int, str, Callable[[Any], Any]], ...] = tuple(
+_VALUE_ENCODERS: tuple[tuple[int, str, Encoder], ...] = tuple(
     (GPU_ROW_COLUMNS.index(f.name), f.name, encoder(f)) for f in catalogue.fields_of("gpu_samples")
 )
 _ENCODE_ERRORS = (OverflowError, ValueError, TypeError, KeyError)
@@ -70,7 +81,7 @@ def encode_gpu_sample(gpu_id: int, s: GpuSample, failed: dict[str, str] | None =
         Values in ``GPU_ROW_COLUMNS`` order: ``ts`` in epoch ms, fixed-point integers as the
         catalogue's encodings define them, booleans as ``bool``, codes as integers.
     """
-    row: list[Any] = [None] * len(GPU_ROW_COLUMNS)
+    row: list[StoredValue] = [None] * len(GPU_ROW_COLUMNS)
     row[GPU_ID] = gpu_id
     row[TS] = int(round(s.ts * 1000))
     for pos, name, enc in _VALUE_ENCODERS:
@@ -85,7 +96,7 @@ def encode_gpu_sample(gpu_id: int, s: GpuSample, failed: dict[str, str] | None =
     return tuple(row)
 
 
-def storable(table: str, row: dict[str, Any]) -> dict[str, str]:
+def storable(table: str, row: dict[str, ColumnValue]) -> dict[str, str]:
     """Make a dict row of ``table`` (base units, the column types encode on write) safe to store:
     each catalogue value that cannot be encoded becomes ``None``, in place.
 
@@ -105,13 +116,13 @@ def storable(table: str, row: dict[str, Any]) -> dict[str, str]:
     return failed
 
 
-_ROW_ENCODERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
+_ROW_ENCODERS: dict[str, tuple[tuple[str, Encoder], ...]] = {
     table: tuple((f.name, encoder(f)) for f in catalogue.fields_of(table))
     for table in ("host_samples", "gpu_process_samples", "vllm_samples", "vllm_engine_samples", "vllm_instances")
 }
 
 
-def reorder(rows: Sequence[Sequence[Any]], columns: Sequence[str], target: Sequence[str]) -> list[tuple[Any, ...]]:
+def reorder(rows: Sequence[Sequence[StoredValue]], columns: Sequence[str], target: Sequence[str]) -> list[tuple[StoredValue, ...]]:
     """Rows written with ``columns`` (e.g. by an older agent's spool) as rows of ``target``;
     columns missing from ``columns`` become ``None``, unknown ones are dropped."""
     if tuple(columns) == tuple(target):

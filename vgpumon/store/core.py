@@ -3,10 +3,11 @@ the parts of ``Store`` (registration, writes, reads by reader) build on it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TypeVar, cast
 
-from sqlalchemy import Connection, Engine, bindparam
+from sqlalchemy import BindParameter, Connection, Engine, Executable, bindparam
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.store.engine import (
@@ -26,6 +27,8 @@ from vgpumon.store.tables import (
     StoredGpu,
     insert_ignoring_duplicates,
 )
+
+_S = TypeVar("_S", bound=Executable)
 
 
 class StoreBase:
@@ -84,12 +87,12 @@ class StoreBase:
         self._process_ids: dict[tuple[int, int, float | None], int] = {}
         # statements the agent's rules run every cycle, built once with bound parameters: building
         # a SQLAlchemy statement and its cache key costs more than running it on a small window
-        self._stmts: dict[tuple[Any, ...], Any] = {}
+        self._stmts: dict[tuple[Hashable, ...], Executable] = {}
         self._schema_ok = False  # a reader found the tables at the revision this vgpumon reads
         self._gpus: dict[str, tuple[float, tuple[StoredGpu, ...]]] = {}  # gpus_of, with when it was read
 
     @staticmethod
-    def _ids(n: int) -> list[Any]:
+    def _ids(n: int) -> list[BindParameter[int]]:
         """``n`` bound parameters ``id0``… for an ``IN`` list whose length is part of the
         statement's key (an expanding parameter is re-compiled at every execution)."""
         return [bindparam(f"id{i}") for i in range(n)]
@@ -98,12 +101,13 @@ class StoreBase:
     def _id_params(ids: Sequence[int]) -> dict[str, int]:
         return {f"id{i}": g for i, g in enumerate(ids)}
 
-    def _stmt(self, key: tuple[Any, ...], build: Any) -> Any:
+    def _stmt(self, key: tuple[Hashable, ...], build: Callable[[], _S]) -> _S:
         """The statement ``build()`` makes, made once per ``key``."""
         stmt = self._stmts.get(key)
         if stmt is None:
             stmt = self._stmts[key] = build()
-        return stmt
+        # a key names one statement, always made by the same kind of builder: its type is ``_S``
+        return cast(_S, stmt)
 
     @property
     def access_note(self) -> str | None:

@@ -21,13 +21,15 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, unquote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
 from vgpumon.base.masking import mask_secrets
@@ -141,18 +143,19 @@ class ConnectionWatch:
     def __init__(self, engine: Engine) -> None:
         #: thread ident → ``time.monotonic()`` of that thread's last connect, checkout or checkin
         self._moved: dict[int, float] = {}
-        self._conns: dict[int, Any] = {}
+        self._conns: dict[int, DBAPIConnection] = {}
         event.listen(engine, "connect", self._connected)
         event.listen(engine, "checkout", self._moving)
         event.listen(engine, "checkin", self._moving)
         for gone in ("close", "close_detached", "detach"):
             event.listen(engine, gone, self._closed)
 
-    def _connected(self, dbapi_connection: Any, *_: Any) -> None:
+    # the pool events' other arguments (its record, the proxy) are not used: opaque here
+    def _connected(self, dbapi_connection: DBAPIConnection, *_: object) -> None:
         self._conns[id(dbapi_connection)] = dbapi_connection
         self._moving()
 
-    def _moving(self, *_: Any) -> None:
+    def _moving(self, *_: object) -> None:
         self._moved[threading.get_ident()] = time.monotonic()
 
     def moved_at(self, thread: int | None) -> float:
@@ -165,7 +168,7 @@ class ConnectionWatch:
         if thread is not None:
             self._moved[thread] = time.monotonic()
 
-    def _closed(self, dbapi_connection: Any, *_: Any) -> None:
+    def _closed(self, dbapi_connection: DBAPIConnection, *_: object) -> None:
         self._conns.pop(id(dbapi_connection), None)
 
     def cut(self) -> int:
@@ -188,14 +191,14 @@ class ConnectionWatch:
         return cut
 
 
-def _sqlite_pragmas(busy_timeout_ms: int, read_only: bool) -> Any:
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(busy_timeout_ms: int, read_only: bool) -> Callable[[DBAPIConnection, ConnectionPoolEntry], None]:
+    def on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         _apply_pragmas(dbapi_connection, busy_timeout_ms, read_only)
 
     return on_connect
 
 
-def _apply_pragmas(dbapi_connection: Any, busy_timeout_ms: int, read_only: bool) -> None:
+def _apply_pragmas(dbapi_connection: DBAPIConnection, busy_timeout_ms: int, read_only: bool) -> None:
     cur = dbapi_connection.cursor()
     # A reader's checkpoint or a second writer can hold the lock briefly: wait rather than fail.
     # After this long the agent's write fails and its batch goes to the spool instead.
@@ -293,7 +296,7 @@ def make_engine(
         StoreUnavailableError: the URL is malformed or its driver is not installed.
     """
     parsed = normalise_url(url)
-    kwargs: dict[str, Any] = {}
+    connect_args: dict[str, str | int] | None = None  # Postgres: the driver's, with a pre-ping pool
     file = sqlite_file(parsed)
     if parsed.get_backend_name() == "sqlite":
         if read_only and file is not None and str(parsed.query.get("immutable", "")) != "1":
@@ -309,8 +312,7 @@ def make_engine(
             except OSError as exc:
                 raise StoreUnavailableError(f"cannot create the store's directory {file.parent}: {exc.strerror or exc}") from None
     else:
-        kwargs["pool_pre_ping"] = True
-        connect_args: dict[str, Any] = {}
+        connect_args = {}
         if connect_timeout_s is not None:
             connect_args["connect_timeout"] = max(MIN_CONNECT_TIMEOUT_S, math.ceil(connect_timeout_s))
         options = [str(parsed.query["options"])] if "options" in parsed.query else []
@@ -320,9 +322,10 @@ def make_engine(
             options.append("-c default_transaction_read_only=on")
         if options:
             connect_args["options"] = " ".join(options)
-        kwargs["connect_args"] = connect_args
     try:
-        engine = create_engine(parsed, **kwargs)
+        engine = create_engine(parsed) if connect_args is None else create_engine(
+            parsed, pool_pre_ping=True, connect_args=connect_args
+        )
     except (NoSuchModuleError, ModuleNotFoundError, ImportError) as exc:
         raise StoreUnavailableError(f"no driver for {parsed.drivername}: {exc}") from None
     except ArgumentError as exc:

@@ -63,10 +63,10 @@ class Registration(StoreBase):
                         last_seen=now,
                     )
                     ins = _insert(self.dialect, t).values(host_id=host_id, uuid=g.uuid, first_seen=now, **attrs)
-                    ins = ins.on_conflict_do_update(
+                    upsert = ins.on_conflict_do_update(
                         index_elements=[t.c.host_id, t.c.uuid], set_={k: ins.excluded[k] for k in attrs}
                     ).returning(t.c.id)
-                    ids[g.uuid] = int(conn.execute(ins).scalar_one())
+                    ids[g.uuid] = int(conn.execute(upsert).scalar_one())
             return ids
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -110,7 +110,7 @@ class Registration(StoreBase):
             with self.engine.connect() as conn:
                 if not self._schema_ok:
                     self._require_tables(conn)
-                stmt = self._stmt(("gpus_of",), lambda: select(Gpu.__table__).join(Host, Host.id == Gpu.host_id)
+                stmt = self._stmt(("gpus_of",), lambda: select(Gpu.__table__).join(Host.__table__, Host.id == Gpu.host_id)
                                   .where(Host.hostname == bindparam("hostname")).order_by(Gpu.index))
                 rows = conn.execute(stmt, {"hostname": hostname}).mappings().all()
         except SQLAlchemyError as exc:

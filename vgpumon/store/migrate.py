@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.base.errors import StoreUnavailableError
@@ -59,7 +61,7 @@ def _script_location() -> Path:
     return Path(str(resources.files("vgpumon.store") / "migrations"))
 
 
-def alembic_config(connection: Any | None = None) -> "Config":
+def alembic_config(connection: Connection | None = None) -> "Config":
     """An Alembic ``Config`` for the packaged revisions, bound to ``connection`` when given."""
     from alembic.config import Config
 
@@ -231,7 +233,7 @@ def _look_before_writing(engine: Engine) -> None:
 
 
 @contextmanager
-def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
+def _sqlite_foreign_keys_off(conn: Connection) -> Iterator[None]:
     """SQLite only: foreign keys off on ``conn`` while it migrates. A migration that rebuilds a
     referenced table (SQLite cannot ALTER most things: Alembic copies the table, drops the old
     one and renames the copy) would otherwise fail on the drop of a table that sample rows refer
@@ -252,7 +254,7 @@ def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _sqlite_transactional_ddl(conn: Any) -> Iterator[None]:
+def _sqlite_transactional_ddl(conn: Connection) -> Iterator[None]:
     """SQLite only: make the migration one transaction, DDL included. Python's ``sqlite3`` opens
     a transaction before INSERT/UPDATE/DELETE but not before CREATE or DROP, which so commit
     at once: a migration interrupted half-way (Ctrl-C during a first start) left tables without
@@ -261,7 +263,7 @@ def _sqlite_transactional_ddl(conn: Any) -> Iterator[None]:
     if conn.dialect.name != "sqlite":
         yield
         return
-    raw = conn.connection.dbapi_connection
+    raw = cast(sqlite3.Connection, conn.connection.dbapi_connection)  # a SQLite engine's: the sqlite3 module's
     before = raw.isolation_level
     raw.isolation_level = None
     try:

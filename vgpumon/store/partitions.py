@@ -89,7 +89,7 @@ def drop_before(conn: Connection, table: str, cutoff_ms: int, *, limit: int = 2)
     Returns:
         Names of the partitions dropped (oldest first).
     """
-    dropped = []
+    dropped: list[str] = []
     for name, _, upper in list_partitions(conn, table):
         if upper <= cutoff_ms and len(dropped) < limit:
             conn.execute(text(f'DROP TABLE "{name}"'))

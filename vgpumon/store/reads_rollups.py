@@ -3,7 +3,8 @@ table holds for ``db stats``)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import NotRequired, TypeAlias, TypedDict
 
 from sqlalchemy import BigInteger, and_, func, select, text, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
@@ -20,13 +21,45 @@ from vgpumon.store.tables import (
     _ROLLUPS,
 )
 
+#: Rollup columns as ``rollup_columns`` returns them: column → the stored integers of each
+#: minute, oldest first (``None`` where NULL).
+RollupColumns: TypeAlias = dict[str, tuple[int | None, ...]]
+
+
+class ProcessHolding(TypedDict):
+    """A process holding memory on a GPU at one process sample (``process_holdings``)."""
+
+    gpu_id: int
+    ts: float
+    pid: int
+    start_time: float | None
+    name: str | None
+    cmdline: str | None
+    username: str | None
+    container_id: str | None
+    resolved: bool
+    used_gpu_memory_bytes: int | None
+    rss_bytes: int | None
+
+
+class TableStats(TypedDict):
+    """What one time table holds (``table_stats``, ``vgpumon db stats``)."""
+
+    table: str
+    rows: int
+    bytes: int | None
+    oldest: float | None
+    newest: float | None
+    partitions: int | None
+    folded_samples: NotRequired[int]
+
 
 class RollupReads(StoreBase):
     """The rollups' reads and the store's own statistics (a part of ``Store``)."""
 
     def rollup_columns(
         self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str], *, summed: bool = False
-    ) -> dict[Any, dict[str, tuple[Any, ...]]]:
+    ) -> dict[int | str, RollupColumns]:
         """1-minute rollups as stored integers, by column (``vgpumon capacity``: 16 hosts × 72 h
         are 550 000 rows, and decoding every value, or making a dict of every row, costs more
         than the query; decode the figures kept with ``decode_rollup``).
@@ -59,12 +92,12 @@ class RollupReads(StoreBase):
                 ).cursor.fetchall()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        by_gpu: dict[Any, list[Any]] = {g: [] for g in gpu_ids}
+        by_gpu: dict[int, list[tuple[int | None, ...]]] = {g: [] for g in gpu_ids}
         for r in rows:
             by_gpu[r[0]].append(r[1:])
         return {g: (dict(zip(names, zip(*rs))) if rs else {n: () for n in names}) for g, rs in by_gpu.items()}
 
-    def process_holdings(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+    def process_holdings(self, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessHolding]:
         """The processes holding memory on these GPUs at the newest process sample in
         ``[start, end]`` (the host source records them every few ticks), with their owner.
 
@@ -86,10 +119,15 @@ class RollupReads(StoreBase):
                            s.used_gpu_memory_bytes, s.rss_bytes)
                     .join(Process.__table__, p.id == s.process_id)
                     .where(and_(s.gpu_id.in_(list(gpu_ids)), s.ts == type_coerce(newest, BigInteger)))
-                ).mappings().all()
+                ).all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return sorted((dict(r) for r in rows), key=lambda r: -(r["used_gpu_memory_bytes"] or 0))
+        holdings = (
+            ProcessHolding(gpu_id=gpu_id, ts=ts, pid=pid, start_time=start_time, name=name, cmdline=cmdline, username=username,
+                           container_id=container_id, resolved=resolved, used_gpu_memory_bytes=used, rss_bytes=rss)
+            for gpu_id, ts, pid, start_time, name, cmdline, username, container_id, resolved, used, rss in rows
+        )
+        return sorted(holdings, key=lambda r: -(r["used_gpu_memory_bytes"] or 0))
 
     def newest_rollup_ts(self, gpu_ids: Sequence[int]) -> float | None:
         """Start (epoch seconds) of the newest 1-minute rollup of these GPUs; ``None`` without one."""
@@ -114,7 +152,7 @@ class RollupReads(StoreBase):
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
-    def table_stats(self) -> list[dict[str, Any]]:
+    def table_stats(self) -> list[TableStats]:
         """Rows, bytes on disk, oldest and newest ``ts`` of each time table (``vgpumon db stats``).
 
         Returns:
@@ -123,7 +161,7 @@ class RollupReads(StoreBase):
             (epoch seconds, ``None`` when empty), ``partitions`` (Postgres, else ``None``) and, for
             ``gpu_samples_1m``, ``folded_samples`` (raw ticks kept only as rollups).
         """
-        out: list[dict[str, Any]] = []
+        out: list[TableStats] = []
         try:
             with self.engine.connect() as conn:
                 self._require_tables(conn)
@@ -138,7 +176,7 @@ class RollupReads(StoreBase):
                         sizes = {}
                 for table in TIME_TABLES:
                     rows, oldest, newest = conn.execute(text(f'SELECT count(*), min(ts), max(ts) FROM "{table}"')).one()  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
-                    item: dict[str, Any] = {
+                    item: TableStats = {
                         "table": table,
                         "rows": int(rows),
                         "bytes": sizes.get(table),

@@ -3,7 +3,9 @@ window, since when a GPU is down."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import cast
 
 from sqlalchemy import and_, bindparam, case, func, select, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
@@ -13,19 +15,30 @@ from vgpumon.store.rollup import percentile
 from vgpumon.store.tables import (
     _ROLLUPS,
     _SAMPLES,
+    DynamicSelect,
+    NewestValue,
+    SeriesRow,
     _rollup_of_last,
 )
+
+
+def _rollup_value(column: str) -> DynamicSelect:
+    """A rollup column's value of one GPU's minute (``last_values_many``)."""
+    rc = _ROLLUPS.c
+    return select(rc[column]).where(and_(rc.gpu_id == bindparam("gid"), rc.ts == bindparam("ts")))
 
 
 class SeriesReads(StoreBase):
     """Values and series of GPUs (a part of ``Store``)."""
 
-    def last_values(self, gpu_id: int, end: float, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
+    def last_values(self, gpu_id: int, end: float, columns: Sequence[str]) -> dict[str, NewestValue | None]:
         """Newest non-NULL value of each column at or before ``end`` for one GPU
         (``last_values_many`` for one GPU)."""
         return self.last_values_many([gpu_id], end, columns)[gpu_id]
 
-    def last_values_many(self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]:
+    def last_values_many(
+        self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]
+    ) -> dict[int, dict[str, NewestValue | None]]:
         """Newest non-NULL value of each column at or before ``end``, per GPU.
 
         One query over the raw rows of the last ``LAST_RAW_SECONDS`` for all GPUs
@@ -38,7 +51,7 @@ class SeriesReads(StoreBase):
         Returns:
             ``gpu_id`` → column → ``(ts, value)`` in base units, or ``None`` when not found.
         """
-        out: dict[int, dict[str, tuple[float, Any] | None]] = {g: {n: None for n in columns} for g in gpu_ids}
+        out: dict[int, dict[str, NewestValue | None]] = {g: {n: None for n in columns} for g in gpu_ids}
         if not gpu_ids or not columns:
             return out
         for gid, found in self.newest_values(gpu_ids, end - self.LAST_RAW_SECONDS, end, columns).items():
@@ -47,8 +60,8 @@ class SeriesReads(StoreBase):
         try:
             with self.engine.connect() as conn:
                 for gid in gpu_ids:
-                    missing = {n: _rollup_of_last(n) for n, v in out[gid].items() if v is None}
-                    missing = {n: col for n, col in missing.items() if col is not None}
+                    rollup_of = {n: _rollup_of_last(n) for n, v in out[gid].items() if v is None}
+                    missing = {n: col for n, col in rollup_of.items() if col is not None}
                     if not missing:
                         continue
                     key = tuple(missing.items())
@@ -62,14 +75,15 @@ class SeriesReads(StoreBase):
                     for n, col in missing.items():
                         ts = getattr(newest, n)
                         if ts is not None:
-                            value_stmt = self._stmt(("last_rollup_value", col), lambda col=col: select(rc[col]).where(
-                                and_(rc.gpu_id == bindparam("gid"), rc.ts == bindparam("ts"))))
+                            value_stmt = self._stmt(("last_rollup_value", col), partial(_rollup_value, col))
                             out[gid][n] = (ts, conn.scalar(value_stmt, {"gid": gid, "ts": ts}))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return out
 
-    def newest_values(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any]]]:
+    def newest_values(
+        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]
+    ) -> dict[int, dict[str, NewestValue]]:
         """Newest non-NULL value of each column among the raw rows of ``start <= ts <= end``, per
         GPU: one query for all GPUs (raw rows only; ``last_values_many`` looks further back).
 
@@ -78,7 +92,7 @@ class SeriesReads(StoreBase):
             window, and GPUs without one at all, are absent.
         """
         c = _SAMPLES.c
-        out: dict[int, dict[str, tuple[float, Any]]] = {}
+        out: dict[int, dict[str, NewestValue]] = {}
         if not gpu_ids or not columns:
             return out
         # built once per column set, with bound parameters (the rules ask every 15 s)
@@ -102,7 +116,7 @@ class SeriesReads(StoreBase):
                     found[n] = (r[1], v)
         return out
 
-    def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[dict[str, Any]]:
+    def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[SeriesRow]:
         """Rows of ``ts`` and the columns over a window, oldest first (base units).
 
         Args:
@@ -112,7 +126,7 @@ class SeriesReads(StoreBase):
         c = _SAMPLES.c
         cols = tuple(columns)
 
-        def build() -> Any:
+        def build() -> DynamicSelect:
             where = [c.gpu_id == bindparam("gid"), c.ts >= bindparam("start"), c.ts <= bindparam("end")]
             if present:
                 where += [c[n].is_not(None) for n in cols]
@@ -126,7 +140,7 @@ class SeriesReads(StoreBase):
         names = ("ts", *cols)
         return [dict(zip(names, r)) for r in rows]  # plain tuples zipped: half the time of RowMapping copies
 
-    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, dict[str, Any]]:
+    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, SeriesRow]:
         """The newest row of each GPU, at or before ``until`` when given (one PK seek per GPU on
         both engines).
 
@@ -135,7 +149,7 @@ class SeriesReads(StoreBase):
             rows are absent.
         """
         c = _SAMPLES.c
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, SeriesRow] = {}
         try:
             with self.engine.connect() as conn:
                 bounded = until is not None
@@ -154,7 +168,7 @@ class SeriesReads(StoreBase):
             raise self._fail(exc) from None
         return out
 
-    def down_since(self, newest: Mapping[int, tuple[float, Any]], at: float) -> dict[int, float]:
+    def down_since(self, newest: Mapping[int, tuple[float, bool]], at: float) -> dict[int, float]:
         """For each GPU whose newest row at or before ``at`` is unreadable (``up`` false), the
         time of the first unreadable row since its newest readable one: how long it has been
         down now. GPUs readable at ``at``, or without rows, are absent.
@@ -184,7 +198,8 @@ class SeriesReads(StoreBase):
                     first = select(c.ts).where(c.gpu_id == gid).order_by(c.ts).limit(1)
                     if last_up is not None:
                         first = first.where(c.ts > last_up)
-                    out[gid] = conn.scalar(first)
+                    # its newest row is down, so a row follows its newest readable one
+                    out[gid] = cast(float, conn.scalar(first))
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return out
@@ -232,7 +247,7 @@ class SeriesReads(StoreBase):
             raise self._fail(exc) from None
         return out
 
-    def rollup_series(self, gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def rollup_series(self, gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
         """1-minute rollup rows over ``start <= minute start <= end``, oldest first: the series for
         a trend over days (memory leak slope, PCIe p95 for capacity).
 
@@ -252,7 +267,7 @@ class SeriesReads(StoreBase):
             raise self._fail(exc) from None
         return [dict(r) for r in rows]
 
-    def series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
+    def series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[SeriesRow]]:
         """``series`` for many GPUs in one query (the report's trends).
 
         Returns:
@@ -260,7 +275,7 @@ class SeriesReads(StoreBase):
             ``gpu_ids`` is a key, with ``[]`` when it has no rows.
         """
         c = _SAMPLES.c
-        out: dict[int, list[dict[str, Any]]] = {g: [] for g in gpu_ids}
+        out: dict[int, list[SeriesRow]] = {g: [] for g in gpu_ids}
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -275,7 +290,9 @@ class SeriesReads(StoreBase):
             out[r[0]].append(dict(zip(names, r[1:])))
         return out
 
-    def rollup_series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
+    def rollup_series_many(
+        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]
+    ) -> dict[int, list[SeriesRow]]:
         """``rollup_series`` for many GPUs in one query (trends over days).
 
         Returns:
@@ -283,7 +300,7 @@ class SeriesReads(StoreBase):
             every GPU of ``gpu_ids`` is a key.
         """
         c = _ROLLUPS.c
-        out: dict[int, list[dict[str, Any]]] = {g: [] for g in gpu_ids}
+        out: dict[int, list[SeriesRow]] = {g: [] for g in gpu_ids}
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(

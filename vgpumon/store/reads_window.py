@@ -4,15 +4,17 @@ rejected values, the topology."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import and_, bindparam, case, func, select, type_coerce
+from sqlalchemy import ColumnElement, RowMapping, and_, bindparam, case, func, select, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.model import HostEvent, PcieHop, PcieTopology
 from vgpumon.store.core import StoreBase
 from vgpumon.store.schema import (
+    Col,
     Gpu,
     GpuProcessSample,
     Host,
@@ -26,6 +28,12 @@ from vgpumon.store.schema import (
 from vgpumon.store.tables import (
     _SAMPLES,
     PARALLEL_WINDOW_S,
+    Aggregates,
+    ColumnValue,
+    DynamicSelect,
+    GpuEventRow,
+    ProcessMemoryRow,
+    SeriesRow,
     StoredGpu,
 )
 
@@ -33,14 +41,18 @@ from vgpumon.store.tables import (
 class WindowReads(StoreBase):
     """What the rules and ``diagnose`` read of a window (a part of ``Store``)."""
 
-    def topology(self, hostname: str) -> Any:
+    if TYPE_CHECKING:  # another part of ``Store`` (``Registration``) defines it
+
+        def gpus_of(self, hostname: str) -> list[StoredGpu]: ...
+
+    def topology(self, hostname: str) -> PcieTopology:
         """The stored PCIe tree of a host as a ``PcieTopology`` (empty when never read)."""
 
         t = PcieLink.__table__
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    select(t, Gpu.uuid).join(Host, Host.id == t.c.host_id).outerjoin(Gpu, Gpu.id == t.c.gpu_id).where(Host.hostname == hostname)
+                    select(t, Gpu.uuid).join(Host.__table__, Host.id == t.c.host_id).outerjoin(Gpu.__table__, Gpu.id == t.c.gpu_id).where(Host.hostname == hostname)
                 ).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
@@ -83,7 +95,7 @@ class WindowReads(StoreBase):
 
     def window_aggregates(
         self, gpu_id: int, start: float, end: float, columns: Sequence[str]
-    ) -> dict[str, Any]:
+    ) -> Aggregates:
         """Mean and max of columns over ``start <= ts <= end`` for one GPU.
 
         Returns:
@@ -112,7 +124,7 @@ class WindowReads(StoreBase):
         end: float,
         columns: Sequence[str],
         aggregates: Sequence[str] = ("mean", "max"),
-    ) -> dict[int, dict[str, Any]]:
+    ) -> dict[int, Aggregates]:
         """``window_aggregates`` for many GPUs in one query (``GROUP BY gpu_id``).
 
         On Postgres this reads each partition once (in parallel workers) instead of once per GPU:
@@ -131,9 +143,11 @@ class WindowReads(StoreBase):
         """
         c = _SAMPLES.c
 
-        def build(n: int) -> Any:
-            exprs = [c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")]
-            sql = {"min": func.min, "mean": func.avg, "max": func.max}
+        def build(n: int) -> DynamicSelect:
+            exprs: list[ColumnElement[ColumnValue]] = [
+                c.gpu_id, func.count().label("samples"), func.sum(case((c.up, 1), else_=0)).label("up_samples")
+            ]
+            sql: dict[str, Callable[[Col], ColumnElement[ColumnValue]]] = {"min": func.min, "mean": func.avg, "max": func.max}
             for name in columns:
                 col = c[name]
                 for agg in aggregates:
@@ -144,7 +158,7 @@ class WindowReads(StoreBase):
             where = and_(c.gpu_id.in_(self._ids(n)), c.ts >= bindparam("start"), c.ts <= bindparam("end"))
             return select(*exprs).where(where).group_by(c.gpu_id)
 
-        def query(ids: Sequence[int]) -> list[Any]:
+        def query(ids: Sequence[int]) -> list[RowMapping]:
             stmt = self._stmt(("window_many", tuple(columns), tuple(aggregates), len(ids)), lambda: build(len(ids)))
             with self.engine.connect() as conn:
                 return list(conn.execute(stmt, {**self._id_params(ids), "start": start, "end": end}).mappings().all())
@@ -166,7 +180,7 @@ class WindowReads(StoreBase):
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         empty = {"samples": 0, "up_samples": None, **{f"{n}_{k}": None for n in columns for k in aggregates}}
-        out: dict[int, dict[str, Any]] = {g: dict(empty) for g in gpu_ids}
+        out: dict[int, Aggregates] = {g: dict(empty) for g in gpu_ids}
         for r in rows:
             d = dict(r)
             out[d.pop("gpu_id")] = d
@@ -178,7 +192,7 @@ class WindowReads(StoreBase):
         c = HostEventRow.__table__.c
         kinds = tuple(kinds or ())
 
-        def build() -> Any:
+        def build() -> DynamicSelect:
             query = (
                 select(c.ts, c.kind, c.subject, c.detail)
                 .join(Host.__table__, Host.id == c.host_id)
@@ -195,7 +209,7 @@ class WindowReads(StoreBase):
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
-    def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
         """Per tick, the sum of columns over several GPUs (``GROUP BY ts``), oldest first: the
         traffic a shared PCIe switch or root port carries, tick by tick (the agent stamps every
         GPU of a tick with the tick's time).
@@ -224,8 +238,8 @@ class WindowReads(StoreBase):
         try:
             with self.engine.connect() as conn:
                 stmt = self._stmt(("host_xids",), lambda: select(t.c.ts, t.c.gpu_id, t.c.xid)
-                                  .join(Gpu, Gpu.id == t.c.gpu_id)
-                                  .join(Host, Host.id == Gpu.host_id)
+                                  .join(Gpu.__table__, Gpu.id == t.c.gpu_id)
+                                  .join(Host.__table__, Host.id == Gpu.host_id)
                                   .where(and_(Host.hostname == bindparam("hostname"), t.c.ts >= bindparam("start"), t.c.ts <= bindparam("end")))
                                   .order_by(t.c.ts))
                 rows = conn.execute(stmt, {"hostname": hostname, "start": start, "end": end}).all()
@@ -233,7 +247,7 @@ class WindowReads(StoreBase):
             raise self._fail(exc) from None
         return [(r[0], r[1], r[2]) for r in rows]
 
-    def process_memory_series(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+    def process_memory_series(self, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]:
         """GPU memory of each process on these GPUs over a window, oldest first: ``gpu_id``,
         ``process_id`` (one process start: a restarted server is a new id), ``pid``,
         ``start_time``, ``name``, ``ts`` and ``used_gpu_memory_bytes`` (``None`` where the driver
@@ -247,10 +261,14 @@ class WindowReads(StoreBase):
                     .join(Process.__table__, p.id == s.process_id)
                     .where(and_(s.gpu_id.in_(list(gpu_ids)), s.ts >= start, s.ts <= end))
                     .order_by(s.ts)
-                ).mappings().all()
+                ).all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return [dict(r) for r in rows]
+        return [
+            ProcessMemoryRow(gpu_id=gpu_id, process_id=process_id, pid=pid, start_time=start_time, name=name, ts=ts,
+                             used_gpu_memory_bytes=used)
+            for gpu_id, process_id, pid, start_time, name, ts, used in rows
+        ]
 
     def newest_host_sample(self, hostname: str) -> float | None:
         """Time (epoch seconds) of the host's newest ``host_samples`` row; ``None`` when it has
@@ -259,12 +277,14 @@ class WindowReads(StoreBase):
         try:
             with self.engine.connect() as conn:
                 stmt = self._stmt(("newest_host_sample",), lambda: select(type_coerce(func.max(c.ts), c.ts.type))
-                                  .join(Host, Host.id == c.host_id).where(Host.hostname == bindparam("hostname")))
+                                  .join(Host.__table__, Host.id == c.host_id).where(Host.hostname == bindparam("hostname")))
                 return conn.scalar(stmt, {"hostname": hostname})
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
 
-    def gpu_events(self, hostname: str, start: float, end: float, gpus: Sequence[StoredGpu] | None = None) -> list[dict[str, Any]]:
+    def gpu_events(
+        self, hostname: str, start: float, end: float, gpus: Sequence[StoredGpu] | None = None
+    ) -> list[GpuEventRow]:
         """Events of a host's GPUs in a window, oldest first (``host_events`` whose subject is a
         GPU: appeared, disappeared, down, recovered, wedged, memory-API change, collector fault),
         each as ``{"ts": seconds, "kind": str, "gpu_id": int | None, "detail": str}``; host-wide
@@ -272,7 +292,7 @@ class WindowReads(StoreBase):
         host's GPUs where the caller has them (``gpus_of``), else they are read."""
         ids = {f"gpu:{g.identity.uuid}": g.id for g in (self.gpus_of(hostname) if gpus is None else gpus)}
         return [
-            {"ts": e.ts, "kind": e.kind, "gpu_id": ids.get(e.subject), "detail": e.detail}
+            GpuEventRow(ts=e.ts, kind=e.kind, gpu_id=ids.get(e.subject), detail=e.detail)
             for e in self.events(hostname, start, end)
         ]
 
@@ -298,9 +318,10 @@ class WindowReads(StoreBase):
                     .group_by(c.subject, c.field)
                 ).all()
                 for subject, field, n, newest in counts:
-                    reason = conn.scalar(
+                    # the row the newest time came from: it exists, and ``reason`` is NOT NULL
+                    reason = cast(str, conn.scalar(
                         select(c.reason).where(and_(where, c.subject == subject, c.field == field, c.ts == newest))
-                    )
+                    ))
                     out.setdefault(subject, {})[field] = (int(n), reason)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict, Unpack
+
+from sqlalchemy import Engine
 
 from vgpumon.store.identity import Registration
 from vgpumon.store.reads_rollups import RollupReads
@@ -31,7 +33,18 @@ class Store(Registration, Writes, WindowReads, SeriesReads, RollupReads):
     """
 
 
-def open_store(url: str, **kw: Any) -> Store:
+class StoreOptions(TypedDict, total=False):
+    """``Store``'s keyword arguments (``open_store``)."""
+
+    engine: Engine | None
+    create: bool
+    read_only: bool
+    busy_timeout_ms: int
+    connect_timeout_s: float | None
+    statement_timeout_s: float | None
+
+
+def open_store(url: str, **kw: Unpack[StoreOptions]) -> Store:
     """Open (create if needed) the store at ``url`` and bring its schema to the newest revision;
     ``kw`` go to ``Store``. Raises ``StoreUnavailableError``."""
     store = Store(url, **kw)

@@ -13,9 +13,9 @@ Percentiles interpolate linearly between closest ranks, as Postgres ``percentile
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from vgpumon.store.codec import GPU_ID, GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, UP, GpuRow, RollupRow
+from vgpumon.store.codec import GPU_ID, GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, UP, GpuRow, RollupRow, StoredValue
 from vgpumon.store.schema import ROLLUP_SPEC, rollup_column_name
 
 MINUTE_MS = 60_000
@@ -44,7 +44,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _aggregate(values: list[Any], agg: str) -> Any:
+def _aggregate(values: list[StoredValue], agg: str) -> StoredValue:
     present = [v for v in values if v is not None]
     if not present:
         return None
@@ -87,8 +87,8 @@ def rollup_rows(rows: Iterable[GpuRow], *, folded: bool = False) -> list[RollupR
         members.sort(key=lambda r: r[TS])
         n = len(members)
         up = sum(1 for r in members if r[UP])
-        values: list[Any] = [gpu_id, minute, n, up, n if folded else 0]
-        columns: dict[int, list[Any]] = {}
+        values: list[StoredValue] = [gpu_id, minute, n, up, n if folded else 0]
+        columns: dict[int, list[StoredValue]] = {}
         for pos, agg in _PLAN:
             col = columns.get(pos)
             if col is None:

@@ -22,7 +22,7 @@ definitions must match the newest revision (``tests/store/test_store.py`` checks
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Sequence, TypeAlias
 
 from sqlalchemy import (
     BigInteger,
@@ -41,6 +41,8 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.schema import SchemaItem
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Encoding
@@ -64,12 +66,12 @@ class FixedPoint(TypeDecorator[float]):
         self.scale = scale
         self.coarse = coarse
 
-    def process_bind_param(self, value: Any, dialect: Any) -> int | None:
+    def process_bind_param(self, value: float | None, dialect: Dialect) -> int | None:
         if value is None:
             return None
         return int(round(value / self.scale if self.coarse else value * self.scale))
 
-    def process_result_value(self, value: Any, dialect: Any) -> float | None:
+    def process_result_value(self, value: float | None, dialect: Dialect | None) -> float | None:
         if value is None:
             return None
         return float(value) * self.scale if self.coarse else float(value) / self.scale
@@ -81,14 +83,25 @@ class EpochMillis(TypeDecorator[float]):
     impl = BigInteger
     cache_ok = True
 
-    def process_bind_param(self, value: Any, dialect: Any) -> int | None:
+    def process_bind_param(self, value: float | None, dialect: Dialect) -> int | None:
         return None if value is None else int(round(value * 1000))
 
-    def process_result_value(self, value: Any, dialect: Any) -> float | None:
+    def process_result_value(self, value: float | None, dialect: Dialect | None) -> float | None:
         return None if value is None else float(value) / 1000.0
 
 
-def column_type(enc: Encoding) -> Any:
+#: A value read from a column named at run time, in base units: its Python type is that
+#: column's (``float`` for fixed-point and epoch columns, ``int``, ``bool``, ``str``) or ``None``
+#: for NULL. No checker can tell which from a name held in a string, so this stays ``Any``:
+#: callers narrow it by the column they asked for (a union would force a cast at every sum).
+ColumnValue: TypeAlias = Any
+
+#: A column of the tables: their Python types differ column by column (``float`` for fixed-point
+#: and epoch columns, ``int``, ``bool``, ``str``, ``datetime``), so a list of them is of ``Column[Any]``.
+Col: TypeAlias = "Column[Any]"
+
+
+def column_type(enc: Encoding) -> FixedPoint | SmallInteger | Integer | BigInteger | Boolean | String:
     """The SQLAlchemy type of a catalogue encoding (``vgpumon.catalogue.Encoding``)."""
     if enc.kind == "fixed":
         return FixedPoint(enc.scale, enc.coarse)
@@ -99,7 +112,7 @@ def column_type(enc: Encoding) -> Any:
     return String(enc.length)
 
 
-def catalogue_columns(table: str) -> list[Column[Any]]:
+def catalogue_columns(table: str) -> list[Col]:
     """The value columns of ``table`` as the field catalogue defines them, in its order."""
     return [
         Column(f.name, column_type(f.encoding), nullable=not f.required) for f in catalogue.fields_of(table)
@@ -138,7 +151,7 @@ class TableColumns:
     def __clause_element__(self) -> Table:
         return self.__table__
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Col:
         if name.startswith("__"):
             raise AttributeError(name)
         try:
@@ -147,12 +160,15 @@ class TableColumns:
             raise AttributeError(f"table {self.__table__.name} has no column {name!r}") from None
 
 
-def table(name: str, *items: Any, **kw: Any) -> TableColumns:
-    """``Table(name, metadata, *items, **kw)`` as ``TableColumns``."""
-    return TableColumns(Table(name, metadata, *items, **kw))
+def table(name: str, *items: SchemaItem, sqlite_with_rowid: bool = True) -> TableColumns:
+    """``Table(name, metadata, *items)`` as ``TableColumns``; ``sqlite_with_rowid=False`` makes it a
+    ``WITHOUT ROWID`` table on SQLite (the option is left out otherwise, as SQLAlchemy's default)."""
+    if sqlite_with_rowid:
+        return TableColumns(Table(name, metadata, *items))
+    return TableColumns(Table(name, metadata, *items, sqlite_with_rowid=False))
 
 
-def time_table(name: str, owner: str, target: str, *keys: Any, values: Any = None) -> TableColumns:
+def time_table(name: str, owner: str, target: str, *keys: Col, values: Sequence[Col] | None = None) -> TableColumns:
     """A time table: ``(owner, ts, *keys)`` as its primary key (``owner`` a foreign key to
     ``target``, ``ts`` epoch milliseconds), then ``values`` (default: the catalogue's columns of
     ``name``); clustered on that key (``WITHOUT ROWID``) on SQLite."""
@@ -355,9 +371,9 @@ def rollup_column_name(column: str, aggregate: str) -> str:
     return f"{column}_{aggregate}"
 
 
-def _rollup_columns() -> list[Column[Any]]:
+def _rollup_columns() -> list[Col]:
     src = GpuSampleRow.__table__.c
-    cols: list[Column[Any]] = []
+    cols: list[Col] = []
     for name, aggregates in ROLLUP_SPEC.items():
         for agg in aggregates:
             # the source column's type: the same fixed-point encoding, the same base units

@@ -31,13 +31,19 @@ import json
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, reorder
 from vgpumon.store.rollup import rollup_rows, split_whole_minutes
 from vgpumon.store.vllm_repository import fold_rows as fold_vllm_rows
+
+if TYPE_CHECKING:
+    from vgpumon.store.codec import GpuRow, RollupRow
+    from vgpumon.store.tables import TickRows
+    from vgpumon.store.vllm_schema import VllmRow
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,12 @@ VLLM = "vllm"
 _DICT_KINDS = (EXTRA, VLLM)
 SPOOL_FORMAT = 1
 
+#: One row of a batch, as its kind says: a ``GpuRow`` (raw), a ``RollupRow`` (rollup), a tick's
+#: ``TickRows`` (extra) or an encoded vLLM sample (vllm).
+BacklogRow: TypeAlias = "GpuRow | RollupRow | TickRows | VllmRow"
+#: Batches as a fold returns them: (kind, rows), oldest first.
+Batches: TypeAlias = "list[tuple[str, list[BacklogRow]]]"
+
 
 @dataclass
 class Entry:
@@ -61,7 +73,7 @@ class Entry:
     memory."""
 
     kind: str
-    rows: list[Any]
+    rows: list[BacklogRow]
     path: Path | None = None
     size: int = 0
 
@@ -177,7 +189,7 @@ class Backlog:
             self.spool_bytes += size
             self._seq = max(self._seq, int(path.name[:16]) + 1)
 
-    def _write_file(self, kind: str, rows: list[Any], name: str) -> Entry:
+    def _write_file(self, kind: str, rows: list[BacklogRow], name: str) -> Entry:
         assert self.spool_dir is not None
         columns = _columns(kind)
         data = json.dumps({"v": SPOOL_FORMAT, "kind": kind, "columns": columns, "rows": rows}, separators=(",", ":"))
@@ -196,7 +208,7 @@ class Backlog:
             raise
         return Entry(kind, rows, path, len(data))
 
-    def _spool_append(self, kind: str, rows: list[tuple[Any, ...]]) -> bool:
+    def _spool_append(self, kind: str, rows: list[BacklogRow]) -> bool:
         if self.spool_dir is None or self.spool_failed:
             return False
         try:
@@ -213,7 +225,7 @@ class Backlog:
 
     # -- public ------------------------------------------------------------------------------
 
-    def append(self, kind: str, rows: list[Any]) -> str:
+    def append(self, kind: str, rows: list[BacklogRow]) -> str:
         """Add a batch at the new end. Returns where it went: ``"spool"`` or ``"memory"``."""
         if not rows:
             return "memory"
@@ -249,7 +261,7 @@ class Backlog:
         else:
             raise ValueError("ack of a batch that is not the oldest")
 
-    def shrink_head(self, entry: Entry, rows: list[Any]) -> None:
+    def shrink_head(self, entry: Entry, rows: list[BacklogRow]) -> None:
         """Part of the oldest batch is stored (or dead-lettered): keep only ``rows`` of it, so
         that a replay neither writes nor dead-letters those rows a second time."""
         if len(rows) == len(entry.rows):
@@ -264,12 +276,13 @@ class Backlog:
             entry.size = new.size
         entry.rows = list(rows)
 
-    def dead_letter(self, kind: str, row: Any, error: BaseException) -> None:
+    def dead_letter(self, kind: str, row: object, error: BaseException) -> None:
         """Set aside one row the store refused for a reason other than being unavailable.
 
         The row is appended, as one JSON line with its kind, columns, the error and the time, to
         ``dead_letter_path`` (created when missing) and counted in ``dead_letters``. Without a
-        spool, or when that file cannot be written, the row is logged whole instead.
+        spool, or when that file cannot be written, the row is logged whole instead. ``row`` is
+        any row of any kind (a dict row of a tick's tables too): only written out, as JSON.
         """
         self.dead_letters += 1
         doc = {
@@ -297,20 +310,22 @@ class Backlog:
     # -- bounds: fold oldest raw ticks into 1-minute rollups ---------------------------------------
 
     @staticmethod
-    def _fold(kind: str, entries: list[Entry]) -> tuple[list[tuple[str, list[Any]]], int]:
+    def _fold(kind: str, entries: list[Entry]) -> tuple[Batches, int]:
         """Fold the rows of ``entries`` (all of ``kind``), their newest minute excepted: the next
         ticks may belong to it, and a minute folded twice keeps only its first summary. Returns
         the batches that replace them, oldest first, and how many rows lost their full
         resolution (0: nothing to fold yet)."""
         rows = [r for e in entries for r in e.rows]
         if kind == VLLM:
-            kept, count = fold_vllm_rows(rows, keep_last_minute=True)
-            return [(VLLM, kept)], count
-        raw = sorted(rows, key=lambda r: r[TS])
+            kept, count = fold_vllm_rows(cast("list[VllmRow]", rows), keep_last_minute=True)
+            return [(VLLM, cast("list[BacklogRow]", kept))], count
+        # only raw and vLLM batches are folded (``_bound_memory``, ``_bound_spool``)
+        raw = sorted(cast("list[GpuRow]", rows), key=lambda r: r[TS])
         whole, rest = split_whole_minutes(raw, keep_last_minute=True)
-        out: list[tuple[str, list[Any]]] = [(ROLLUP, rollup_rows(whole, folded=True))]
+        # (each list holds one kind of row: as a list of any kind it is only read)
+        out: Batches = [(ROLLUP, cast("list[BacklogRow]", rollup_rows(whole, folded=True)))]
         if rest:
-            out.append((RAW, rest))
+            out.append((RAW, cast("list[BacklogRow]", rest)))
         return out, len(whole)
 
     def _bound_memory(self) -> None:
@@ -334,8 +349,8 @@ class Backlog:
         log.warning("in-memory buffer full (%d %s rows): folded %d of them (1-minute resolution kept)", bound, kind, count)
 
     def _pick(
-        self, candidates: list[tuple[int, Entry]], target: int, measure: Any
-    ) -> tuple[list[tuple[int, Entry]], list[tuple[str, list[Any]]], int] | None:
+        self, candidates: list[tuple[int, Entry]], target: int, measure: Callable[[Entry], int]
+    ) -> tuple[list[tuple[int, Entry]], Batches, int] | None:
         """The oldest ``candidates`` (position, batch) worth ``target`` (by ``measure``) that fold
         at least one row, with their fold; more are taken while the fold is empty (all in the
         newest, unfinished minute), doubling the amount each try. ``None``: nothing folds."""

@@ -5,10 +5,13 @@ insert that ignores duplicates, the decoding of rollup columns, and how a databa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, Unpack
+
+from sqlalchemy import Row, Select, Table
 
 from vgpumon.model import GpuIdentity
 from vgpumon.store.schema import (
+    ColumnValue,
     GpuProcessSample,
     GpuSampleRow,
     HostEventRow,
@@ -17,6 +20,56 @@ from vgpumon.store.schema import (
     XidEvent,
     gpu_samples_1m,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
+    from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
+
+    from vgpumon.store.codec import GpuRow
+    from vgpumon.store.vllm_schema import VllmRow
+
+#: A dict row of a table a tick writes besides ``gpu_samples`` (base units; the column types
+#: encode them): column → value.
+ExtraRow: TypeAlias = dict[str, ColumnValue]
+
+#: A read row of ``ts`` and columns named at run time (``series``, ``latest``, ``summed_series``,
+#: rollup series): column → value in base units.
+SeriesRow: TypeAlias = dict[str, ColumnValue]
+
+#: Aggregates of a window (``window_aggregates``): ``samples``, ``up_samples`` and
+#: ``<column>_<aggregate>`` → value in base units (counts as integers).
+Aggregates: TypeAlias = dict[str, ColumnValue]
+
+#: The newest value of a column: ``(ts, value)``, ``ts`` in epoch seconds.
+NewestValue: TypeAlias = tuple[float, ColumnValue]
+
+#: A ``SELECT`` of columns chosen at run time.
+DynamicSelect: TypeAlias = Select[Unpack[tuple[ColumnValue, ...]]]
+
+
+class ProcessMemoryRow(TypedDict):
+    """One process on one GPU at one tick (``process_memory_series``)."""
+
+    gpu_id: int
+    process_id: int
+    pid: int
+    start_time: float | None
+    name: str | None
+    ts: float
+    used_gpu_memory_bytes: int | None
+
+
+class GpuEventRow(TypedDict):
+    """An event of a host's GPUs (``gpu_events``); ``gpu_id`` is ``None`` for a host-wide one."""
+
+    ts: float
+    kind: str
+    gpu_id: int | None
+    detail: str
+
+
+#: The dialect's ``INSERT`` construct (both have ``ON CONFLICT``).
+DialectInsert: TypeAlias = "PostgresInsert | SqliteInsert"
 
 _SAMPLES = GpuSampleRow.__table__
 
@@ -32,8 +85,9 @@ GPUS_TTL_S = 60.0
 
 EXTRA_TABLES = ("host_samples", "xid_events", "gpu_process_samples", "rejected_values", "host_events")
 
-#: a tick's rows by table: ``gpu_samples`` as encoded tuples (``GpuRow``), the others as dicts
-TickRows = dict[str, list[Any]]
+#: a tick's rows by table: ``gpu_samples`` as encoded tuples (``GpuRow``), ``vllm_samples`` as
+#: encoded samples (``VllmRow``), the others as dicts (``ExtraRow``)
+TickRows: TypeAlias = "dict[str, list[GpuRow] | list[ExtraRow] | list[VllmRow]]"
 
 _PROCESS_KEYS = ("pid", "start_time", "name", "cmdline", "username", "container_id", "resolved")
 
@@ -72,17 +126,25 @@ def store_unavailable(exc: BaseException) -> bool:
         return False
     return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
 
-def _insert(dialect: str, table: Any) -> Any:
+def _insert(dialect: str, table: Table) -> DialectInsert:
     """The dialect's ``INSERT`` construct (it has ``ON CONFLICT``)."""
     if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        from sqlalchemy.dialects.postgresql import insert as postgres_insert
 
-def insert_ignoring_duplicates(dialect: str, table: Any) -> Any:
+        return postgres_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
+
+def insert_ignoring_duplicates(dialect: str, table: Table) -> DialectInsert:
     """``INSERT ... ON CONFLICT DO NOTHING``: a row written twice is stored once."""
     return _insert(dialect, table).on_conflict_do_nothing()
+
+def inserted_id(key: Row[int] | None) -> int:
+    """The id an ``INSERT`` of one row gave it (``CursorResult.inserted_primary_key``)."""
+    if key is None:  # only an executemany or a statement that is not an INSERT has none
+        raise TypeError("the statement inserted no single row")
+    return int(key[0])
 
 def _rollup_of_last(column: str) -> str | None:
     """The rollup column that holds a raw column's newest value for a minute: its ``last``
@@ -96,7 +158,7 @@ def _rollup_of_last(column: str) -> str | None:
             return rollup_column_name(column, agg)
     return None
 
-def decode_rollup(column: str, value: Any) -> Any:
+def decode_rollup(column: str, value: float | None) -> ColumnValue:
     """A ``gpu_samples_1m`` value read with ``raw=True`` (the stored integer) in base units."""
     if value is None:
         return None

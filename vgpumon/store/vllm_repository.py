@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import ColumnElement, Engine, and_, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.base import ReadOnlyColumnCollection
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.model import ServerSample, ServerState
 from vgpumon.model.vllm import LATENCY_HISTOGRAMS
 from vgpumon.store import partitions
 from vgpumon.store.engine import unavailable
-from vgpumon.store.schema import Host
-from vgpumon.store.tables import insert_ignoring_duplicates, store_unavailable
+from vgpumon.store.schema import Col, Host
+from vgpumon.store.tables import ColumnValue, insert_ignoring_duplicates, inserted_id, store_unavailable
 from vgpumon.store.vllm_schema import (
     PREFIX_CACHE_UNIT_NAMES,
     PREFIX_CACHE_UNITS,
     TELEMETRY_CODES,
     TELEMETRY_NAMES,
+    InstanceIdentity,
+    InstanceKey,
+    InstanceRecord,
+    SampleValues,
+    StoredEngineSample,
+    StoredGpuMapping,
+    StoredSample,
     VllmEngineSampleRow,
     VllmGpuMapRow,
     VllmInstance,
+    VllmRow,
     VllmSampleRow,
 )
 
@@ -44,19 +53,14 @@ def _text(value: str | None, limit: int = 255) -> str | None:
     return None if value is None else value[:limit]
 
 
-def _identity_filter(host_id: int, ident: dict[str, Any]) -> Any:
+def _identity_filter(host_id: int, ident: InstanceIdentity) -> ColumnElement[bool]:
     c = _INSTANCES.c
     conds = [c.host_id == host_id, c.port == ident["port"], c.first_seen == ident["first_seen"]]
     conds.append(c.pid.is_(None) if ident["pid"] is None else c.pid == ident["pid"])
     return and_(*conds)
 
 
-#: One vLLM sample as the backlog and the write path carry it: a JSON-able dict (see
-#: ``encode_sample``), so that it can wait in the spool like a GPU row.
-VllmRow = dict[str, Any]
-
-
-def instance_key(row: VllmRow) -> tuple[Any, ...]:
+def instance_key(row: VllmRow) -> InstanceKey:
     """The identity of the server start an encoded sample belongs to."""
     i = row["instance"]
     return (row["host_id"], i["port"], i["pid"], i["first_seen"])
@@ -82,7 +86,7 @@ def fold_rows(rows: Sequence[VllmRow], *, keep_last_minute: bool) -> tuple[list[
         return [], 0
     newest = int(ordered[-1]["sample"]["ts"] // 60)
     last_of_minute = {(instance_key(r), int(r["sample"]["ts"] // 60)): i for i, r in enumerate(ordered)}
-    previous: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    previous: dict[InstanceKey, tuple[ColumnValue, ColumnValue]] = {}
     kept = []
     for i, r in enumerate(ordered):
         key, minute = instance_key(r), int(r["sample"]["ts"] // 60)
@@ -96,7 +100,9 @@ def fold_rows(rows: Sequence[VllmRow], *, keep_last_minute: bool) -> tuple[list[
             kept.append(r)
         previous[key] = state
     return kept, len(ordered) - len(kept)
-def _of_start(c: Any, instance_id: int, start: float | None, end: float | None) -> Any:
+def _of_start(
+    c: ReadOnlyColumnCollection[str, Col], instance_id: int, start: float | None, end: float | None
+) -> ColumnElement[bool]:
     """Rows of one start, within ``start <= ts <= end`` where given."""
     where = [c.instance_id == instance_id]
     if start is not None:
@@ -120,7 +126,7 @@ class VllmRepository:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._ids: dict[tuple[Any, ...], int] = {}
+        self._ids: dict[InstanceKey, int] = {}
         self._insert_samples = insert_ignoring_duplicates(engine.dialect.name, _SAMPLES)
         self._insert_engines = insert_ignoring_duplicates(engine.dialect.name, _ENGINES)
         self._partitions: set[tuple[str, int]] = set()  # (table, day ms) known to exist (Postgres)
@@ -129,7 +135,7 @@ class VllmRepository:
         return unavailable(self.engine, exc)
 
     @staticmethod
-    def sample_row(instance_id: int | None, s: ServerSample) -> dict[str, Any]:
+    def sample_row(instance_id: int | None, s: ServerSample) -> SampleValues:
         """The ``vllm_samples`` row of one sample (base units; the column types encode)."""
         row = {name: getattr(s, name) for name in _VALUE_COLUMNS}
         flagged = {h: why for h, why in s.latency_unreliable.items() if h in LATENCY_HISTOGRAMS}
@@ -186,7 +192,7 @@ class VllmRepository:
             with self.engine.begin() as conn:
                 host_id = conn.scalar(select(Host.id).where(Host.hostname == hostname))
                 if host_id is None:
-                    host_id = conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key[0]
+                    host_id = inserted_id(conn.execute(Host.__table__.insert().values(hostname=hostname)).inserted_primary_key)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         self.write_rows([self.encode_sample(int(host_id), s) for s in samples])
@@ -197,25 +203,25 @@ class VllmRepository:
         mapping. A sample already stored (same instance and time) is skipped."""
         if not rows:
             return
-        new_ids: dict[tuple[Any, ...], int] = {}
+        new_ids: dict[InstanceKey, int] = {}
         new_parts: set[tuple[str, int]] = set()  # cached only once the transaction commits
         try:
             with self.engine.begin() as conn:
-                latest: dict[tuple[Any, ...], VllmRow] = {}
+                latest: dict[InstanceKey, VllmRow] = {}
                 for r in rows:
                     key = instance_key(r)
                     if key not in latest or r["sample"]["ts"] >= latest[key]["sample"]["ts"]:
                         latest[key] = r
-                ids: dict[tuple[Any, ...], int] = {}
+                ids: dict[InstanceKey, int] = {}
                 for key, r in latest.items():
                     attrs = dict(r["start"], last_seen=r["sample"]["ts"])
                     iid = self._ids.get(key)
                     if iid is None:
                         iid = conn.scalar(select(_INSTANCES.c.id).where(_identity_filter(r["host_id"], r["instance"])))
                     if iid is None:
-                        iid = conn.execute(
+                        iid = inserted_id(conn.execute(
                             _INSTANCES.insert().values(host_id=r["host_id"], **r["instance"], **attrs)
-                        ).inserted_primary_key[0]
+                        ).inserted_primary_key)
                     else:
                         conn.execute(_INSTANCES.update().where(_INSTANCES.c.id == iid).values(**attrs))
                     ids[key] = new_ids[key] = int(iid)
@@ -259,13 +265,13 @@ class VllmRepository:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def instances(self, hostname: str) -> list[dict[str, Any]]:
+    def instances(self, hostname: str) -> list[InstanceRecord]:
         """The host's server starts, oldest first (base units; ``final_state`` as a
         ``ServerState`` or ``None``)."""
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    select(_INSTANCES).join(Host, Host.id == _INSTANCES.c.host_id)
+                    select(_INSTANCES).join(Host.__table__, Host.id == _INSTANCES.c.host_id)
                     .where(Host.hostname == hostname).order_by(_INSTANCES.c.first_seen, _INSTANCES.c.id)
                 ).mappings().all()
         except SQLAlchemyError as exc:
@@ -277,7 +283,7 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    def samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[StoredSample]:
         """Sample rows of one start, oldest first, only those with ``start <= ts <= end`` when
         given (a start can poll for weeks): ``state`` as ``ServerState``, ``telemetry`` as its
         name (``None`` for rows stored before revision 0008), ``latency_unreliable`` as the set of
@@ -300,7 +306,9 @@ class VllmRepository:
             out.append(d)
         return out
 
-    def engine_samples(self, instance_id: int, start: float | None = None, end: float | None = None) -> list[dict[str, Any]]:
+    def engine_samples(
+        self, instance_id: int, start: float | None = None, end: float | None = None
+    ) -> list[StoredEngineSample]:
         """Per-engine rows of one start, by time then model and engine; only ``start <= ts <=
         end`` when given."""
         c = _ENGINES.c
@@ -311,9 +319,15 @@ class VllmRepository:
                 ).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return [dict(r) for r in rows]
+        return [
+            StoredEngineSample(
+                instance_id=r["instance_id"], ts=r["ts"], model_name=r["model_name"], engine=r["engine"],
+                running=r["running"], waiting=r["waiting"], kv_cache_usage_ratio=r["kv_cache_usage_ratio"],
+            )
+            for r in rows
+        ]
 
-    def gpu_map(self, instance_id: int) -> list[dict[str, Any]]:
+    def gpu_map(self, instance_id: int) -> list[StoredGpuMapping]:
         """GPUs one start used, by UUID."""
         c = _GPU_MAP.c
         try:
@@ -321,4 +335,7 @@ class VllmRepository:
                 rows = conn.execute(select(_GPU_MAP).where(c.instance_id == instance_id).order_by(c.gpu_uuid)).mappings().all()
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return [dict(r) for r in rows]
+        return [
+            StoredGpuMapping(instance_id=r["instance_id"], gpu_uuid=r["gpu_uuid"], first_seen=r["first_seen"], last_seen=r["last_seen"])
+            for r in rows
+        ]

@@ -8,11 +8,14 @@ milli-cores (CPU seconds per second × 1000).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import TypeAlias, TypedDict
+
 from sqlalchemy import Column, ForeignKey, Integer, SmallInteger, String, UniqueConstraint
 
 from vgpumon.catalogue import core
 from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS, TELEMETRY_CODES
-from vgpumon.store.schema import EpochMillis, column_type, table, time_table
+from vgpumon.store.schema import ColumnValue, EpochMillis, column_type, table, time_table
 
 RATIO = column_type(core.RATIO)
 SECONDS_US = column_type(core.SECONDS_US)  # prewarm: microseconds
@@ -85,3 +88,95 @@ VllmGpuMapRow = table(
 
 PREFIX_CACHE_UNIT_NAMES = {v: k for k, v in PREFIX_CACHE_UNITS.items()}
 TELEMETRY_NAMES = {v: k for k, v in TELEMETRY_CODES.items()}
+
+
+# -- rows as the write path carries them and the reads return them --------------------------
+
+
+class InstanceIdentity(TypedDict):
+    """Which server start a sample belongs to (``vllm_instances``' identity columns; times in
+    epoch seconds)."""
+
+    address: str
+    port: int
+    url: str
+    origin: str
+    pid: int | None
+    process_start: float | None
+    first_seen: float
+
+
+class StartFacts(TypedDict):
+    """What is known of a server start as of one sample (the other ``vllm_instances`` columns)."""
+
+    version: str | None
+    model: str | None
+    first_connect: float | None
+    ready: float | None
+    prewarm_seconds: float | None
+    prewarm_gpu_active_ratio: float | None
+    prewarm_gpu_activity_source: str | None
+    ended: float | None
+    final_state: int | None
+
+
+class EngineValues(TypedDict):
+    """One engine's figures of a sample (a ``vllm_engine_samples`` row without instance and time)."""
+
+    model_name: str
+    engine: str
+    running: float | None
+    waiting: float | None
+    kv_cache_usage_ratio: float | None
+
+
+#: A ``vllm_samples`` row (column → value in base units; the column types encode them): its
+#: columns are the catalogue's, chosen by name (``_VALUE_COLUMNS``).
+SampleValues: TypeAlias = dict[str, ColumnValue]
+
+#: A ``vllm_instances`` row as ``VllmRepository.instances`` reads it: every column of the table in
+#: base units, ``final_state`` a ``ServerState`` or ``None``. (A plain dict: callers keep it
+#: among dicts of their own.)
+InstanceRecord: TypeAlias = dict[str, ColumnValue]
+
+
+class StoredEngineSample(TypedDict):
+    """A ``vllm_engine_samples`` row (base units)."""
+
+    instance_id: int
+    ts: float
+    model_name: str
+    engine: str
+    running: float | None
+    waiting: float | None
+    kv_cache_usage_ratio: float | None
+
+
+class StoredGpuMapping(TypedDict):
+    """A ``vllm_gpu_map`` row: a GPU one server start used, and when."""
+
+    instance_id: int
+    gpu_uuid: str
+    first_seen: float
+    last_seen: float
+
+
+#: A ``vllm_samples`` row as ``VllmRepository.samples`` reads it: ``SampleValues`` with
+#: ``state`` a ``ServerState``, ``telemetry`` and ``prefix_cache_unit`` names and
+#: ``latency_unreliable`` a frozenset of histogram names.
+StoredSample: TypeAlias = dict[str, ColumnValue]
+
+#: The identity of a server start (``instance_key``): host id, port, pid, first seen.
+InstanceKey: TypeAlias = tuple[Hashable, ...]
+
+
+class VllmRow(TypedDict):
+    """One vLLM sample as the backlog and the write path carry it: a JSON-able dict (see
+    ``encode_sample``), so that it can wait in the spool like a GPU row."""
+
+    host_id: int
+    instance: InstanceIdentity
+    start: StartFacts
+    sample: SampleValues
+    engines: list[EngineValues]
+    gpus: list[str]

@@ -3,13 +3,14 @@ batch), the PCIe topology; partitions on Postgres."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Connection, and_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.store import partitions
-from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow
+from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, GpuRow, RollupRow, StoredValue
 from vgpumon.store.core import StoreBase
 from vgpumon.store.schema import (
     TIME_TABLES,
@@ -19,9 +20,14 @@ from vgpumon.store.schema import (
 from vgpumon.store.tables import (
     _PROCESS_KEYS,
     EXTRA_TABLES,
+    ExtraRow,
     TickRows,
+    inserted_id,
     store_unavailable,
 )
+
+if TYPE_CHECKING:
+    from vgpumon.model import PcieHop
 
 
 class Writes(StoreBase):
@@ -42,7 +48,7 @@ class Writes(StoreBase):
         """Drop the partition cache (after retention dropped some)."""
         self._partitions.clear()
 
-    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> int:
+    def _copy_insert(self, conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[StoredValue, ...]]) -> int:
         """Postgres: ``COPY`` the batch straight into ``table``; if some rows are already stored
         (a replayed spool file, a capture replayed twice) COPY fails on the primary key, and the
         batch goes again through a session-local staging table and ``INSERT ... SELECT ... ON
@@ -75,7 +81,7 @@ class Writes(StoreBase):
             f'INSERT INTO "{table}" ({cols}) SELECT {cols} FROM "{stage}" ON CONFLICT DO NOTHING'  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
         ).rowcount
 
-    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> int:
+    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[tuple[StoredValue, ...]]) -> int:
         """Insert rows, skipping those already stored; returns how many were inserted."""
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
         try:
@@ -142,11 +148,11 @@ class Writes(StoreBase):
             Exception: the driver's own error when the store refuses a row for what it holds,
                 as in ``write_gpu_rows``; nothing of the batch is stored.
         """
-        merged: dict[str, list[dict[str, Any]]] = {t: [] for t in EXTRA_TABLES}
+        merged: dict[str, list[ExtraRow]] = {t: [] for t in EXTRA_TABLES}
         for tick in ticks:
             for table, rows in tick.items():
                 if table in merged:
-                    merged[table].extend(rows)
+                    merged[table].extend(cast("list[ExtraRow]", rows))  # the tables of EXTRA_TABLES hold dict rows
         if not any(merged.values()):
             return
         try:
@@ -166,7 +172,7 @@ class Writes(StoreBase):
                 raise self._fail(exc) from None
             raise
 
-    def _with_process_id(self, conn: Any, row: dict[str, Any]) -> dict[str, Any]:
+    def _with_process_id(self, conn: Connection, row: ExtraRow) -> ExtraRow:
         key = (row["host_id"], row["pid"], row["start_time"])
         pid = self._process_ids.get(key)
         if pid is None:
@@ -176,7 +182,7 @@ class Writes(StoreBase):
             pid = conn.scalar(select(t.c.id).where(and_(*cond)))
             if pid is None:
                 values = {k: row[k] for k in _PROCESS_KEYS}
-                pid = conn.execute(t.insert().values(host_id=row["host_id"], **values)).inserted_primary_key[0]
+                pid = inserted_id(conn.execute(t.insert().values(host_id=row["host_id"], **values)).inserted_primary_key)
             self._process_ids[key] = pid
         return {
             "gpu_id": row["gpu_id"],
@@ -187,7 +193,7 @@ class Writes(StoreBase):
             "cpu_seconds_total": row["cpu_seconds_total"],
         }
 
-    def replace_topology(self, host_id: int, hops: Sequence[Any], gpu_ids: dict[str, int], observed_at: float) -> None:
+    def replace_topology(self, host_id: int, hops: Sequence[PcieHop], gpu_ids: dict[str, int], observed_at: float) -> None:
         """Replace a host's stored PCIe tree with ``hops`` (``PcieHop``s) in one transaction."""
         t = PcieLink.__table__
         rows = [

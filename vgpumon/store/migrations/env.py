@@ -8,10 +8,11 @@ the Postgres advisory lock. The ``alembic`` command line works too, for writing 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from alembic import context
-from sqlalchemy import TypeDecorator
+from alembic.autogenerate.api import AutogenContext
+from sqlalchemy import Connection, TypeDecorator
 
 from vgpumon.store.engine import make_engine
 from vgpumon.store.schema import metadata
@@ -20,16 +21,18 @@ config = context.config
 target_metadata = metadata
 
 
-def render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def render_item(type_: str, obj: object, autogen_context: AutogenContext) -> str | Literal[False]:
     """Render our fixed-point ``TypeDecorator``s as their integer column type, so that revisions
-    never import ``vgpumon.store.schema`` (a revision must keep working after the models change)."""
+    never import ``vgpumon.store.schema`` (a revision must keep working after the models change).
+
+    ``obj`` is whatever Alembic renders (a type, a constraint, an index…): opaque until checked."""
     if type_ == "type" and isinstance(obj, TypeDecorator):
         impl = obj.impl_instance if hasattr(obj, "impl_instance") else obj.impl
         return f"sa.{type(impl).__name__}()"
     return False
 
 
-def _configure(connection: Any) -> None:
+def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
