@@ -27,7 +27,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
@@ -41,7 +41,11 @@ from vgpumon.base.signals import (
 )
 
 if TYPE_CHECKING:
+    from vgpumon.agent import Agent, AgentStats
+    from vgpumon.agent.plan import Plan
+    from vgpumon.base.listen import ExporterConfig
     from vgpumon.config import Settings
+    from vgpumon.exporter.api import ApiConfig
 
 log = logging.getLogger("vgpumon")
 
@@ -65,7 +69,7 @@ def setup_logging(level: str) -> None:
 
 def make_plan(
     settings: "Settings", *, replay: str | None, recorded_pace: bool, duration: float | None, sysfs: str | None
-) -> dict[str, Any]:
+) -> Plan:
     """The agent's run as plain, JSON-able values, from the validated settings and the run's own
     flags. Every value was checked by ``vgpumon.config``; ``run`` trusts them.
 
@@ -77,6 +81,7 @@ def make_plan(
         sysfs: sysfs root for the PCIe topology, or ``None`` (the default for the mode).
     """
     a, st, ex, r, api = settings.agent, settings.store, settings.exporter, settings.rules, settings.api
+    assert st.url is not None and a.hostname is not None, "load_settings fills the store URL and the host name"
     return {
         "version": PLAN_VERSION,
         "log_level": settings.log_level,
@@ -126,7 +131,7 @@ def ignore_alarms() -> None:
         signal.signal(signal.SIGALRM, no_alarm)
 
 
-def run(plan: dict[str, Any]) -> int:
+def run(plan: Plan) -> int:
     """Run the agent a plan describes until SIGINT/SIGTERM or its duration; prints the closing
     summary on stderr.
 
@@ -263,7 +268,7 @@ def _echo_err(line: str) -> None:
     print(mask_secrets(line), file=sys.stderr, flush=True)
 
 
-def exporter_config(listen: str, metrics_file: str | None) -> Any:
+def exporter_config(listen: str, metrics_file: str | None) -> ExporterConfig:
     """The exporter's settings (``listen`` may be ``off``). A selection file that cannot be used is a usage error (64) before anything is sampled or stored.
 
     Raises:
@@ -285,7 +290,7 @@ def exporter_config(listen: str, metrics_file: str | None) -> Any:
     return ExporterConfig(listen=listen, metrics_file=path)
 
 
-def api_config(plan: dict[str, Any]) -> Any:
+def api_config(plan: Plan) -> ApiConfig:
     """The agent's ``/api/v1`` settings (``[api]``; the report's window and the rules' thresholds)."""
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.exporter.api import ApiConfig
@@ -298,7 +303,7 @@ def api_config(plan: dict[str, Any]) -> Any:
     )
 
 
-async def run_until_signal(agent: Any, exporter: Any = None, api: Any = None) -> Any:
+async def run_until_signal(agent: Agent, exporter: ExporterConfig | None = None, api: ApiConfig | None = None) -> AgentStats:
     """Run ``agent`` (and ``/metrics`` with the API when ``exporter`` is set) until its duration
     ends or SIGINT/SIGTERM arrives; returns the agent's stats."""
     import asyncio
@@ -330,7 +335,7 @@ def can_exec() -> bool:
     )
 
 
-def exec_agent(plan: dict[str, Any], argv: list[str]) -> NoReturn:
+def exec_agent(plan: Plan, argv: list[str]) -> NoReturn:
     """Replace this process with the lean agent (``_BOOT``, then ``main``) running ``plan``;
     ``argv`` (the original command line, passwords masked) is appended for ``ps``. Never returns.
 
@@ -401,7 +406,7 @@ def _interpreter_options() -> list[str]:
     return opts
 
 
-def _read_plan(fd: int) -> dict[str, Any]:
+def _read_plan(fd: int) -> Plan:
     with os.fdopen(fd, "rb") as f:
         plan = json.loads(f.read())
     if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
@@ -409,7 +414,7 @@ def _read_plan(fd: int) -> dict[str, Any]:
             f"agent plan of version {plan.get('version') if isinstance(plan, dict) else '?'}; this vgpumon reads "
             f"{PLAN_VERSION} (was vgpumon upgraded while it started? start it again)"
         )
-    return plan
+    return cast("Plan", plan)  # written by make_plan of this version (checked above), key for key
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

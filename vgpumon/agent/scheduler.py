@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from vgpumon.base.pacing import sleep_unless
 from vgpumon.base.workers import DaemonExecutor, Latch, name_os_thread
@@ -44,11 +44,19 @@ from vgpumon.store.spool import Backlog
 from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
+    from typing import TypeVar
+
+    from typing_extensions import TypeVarTuple, Unpack  # typing's from 3.11; annotations only
+
     from vgpumon.alerts.runner import RuleRunner
+    from vgpumon.model import GpuIdentity, PcieTopology
     from vgpumon.sources.kubernetes import KubernetesSource
     from vgpumon.sources.vllm import VllmSource
     from vgpumon.store.retention import Retention
     from vgpumon.store.vllm_repository import VllmRepository
+
+    _R = TypeVar("_R")
+    _Args = TypeVarTuple("_Args")
 from vgpumon.agent.rows import TickEncoder
 from vgpumon.agent.sampler import PacedSampler
 from vgpumon.agent.stats import AgentStats
@@ -56,6 +64,7 @@ from vgpumon.agent.tasks import Supervision
 from vgpumon.agent.writer import LIVE_FLUSH_S, REPLAY_FLUSH_S, StoreWriter
 
 log = logging.getLogger("vgpumon.agent")
+
 
 
 class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
@@ -172,7 +181,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         self.host = host
         self.sysfs_root = sysfs_root
         self.host_every = max(1, host_every)
-        self.topology: Any = None
+        self.topology: PcieTopology | None = None
         self.vllm = vllm
         self.vllm_backoff = vllm_backoff
         self.vllm_backoff_max = vllm_backoff_max
@@ -185,7 +194,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         self._pending: deque[TickRows] = deque()
         self._gpu_ids: dict[str, int] = {}
         self._host_id: int | None = None
-        self._registered: tuple[Any, ...] = ()
+        self._registered: tuple[GpuIdentity, ...] = ()
         self._writer: asyncio.Task[None] | None = None
         self.backlog = backlog if backlog is not None else Backlog(None)
         self.retention = retention
@@ -238,7 +247,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         self._last_clock = (wall, mono)
         return wall
 
-    async def _nvml(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _nvml(self, fn: Callable[[Unpack[_Args]], _R], *args: Unpack[_Args]) -> _R:
         return await asyncio.get_running_loop().run_in_executor(self._nvml_exec, fn, *args)
 
     # -- store thread ----------------------------------------------------------------------------

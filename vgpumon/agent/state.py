@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from vgpumon.alerts.runner import RuleRunner
     from vgpumon.base.errors import StoreUnavailableError
     from vgpumon.base.workers import DaemonExecutor, Latch
-    from vgpumon.model import HostSample, NvmlReading, PcieTopology, Snapshot
+    from vgpumon.model import GpuIdentity, HostSample, NvmlReading, PcieTopology, Snapshot
     from vgpumon.sources.host import HostSource
     from vgpumon.sources.kubernetes import KubernetesSource
     from vgpumon.sources.nvml import NvmlSource
@@ -58,7 +58,7 @@ class AgentState:
     _pending: deque[TickRows]
     _gpu_ids: dict[str, int]
     _host_id: int | None
-    _registered: tuple[object, ...]
+    _registered: tuple[GpuIdentity, ...]
     _writer: asyncio.Task[None] | None
     backlog: Backlog
     retention: Retention | None

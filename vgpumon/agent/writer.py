@@ -19,7 +19,13 @@ from vgpumon.store.spool import EXTRA, RAW, ROLLUP, VLLM
 from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
-    pass
+    from concurrent.futures import Future
+    from typing import TypeVar
+
+    from typing_extensions import TypeVarTuple, Unpack  # typing's from 3.11; annotations only
+
+    _R = TypeVar("_R")
+    _Args = TypeVarTuple("_Args")
 from vgpumon.agent.state import AgentState
 
 log = logging.getLogger("vgpumon.agent")
@@ -300,11 +306,11 @@ class StoreWriter(AgentState):
             self.topology = read_topology(self.source.gpus, self.sysfs_root)
             self._store_call(self.store.replace_topology, self._host_id, self.topology.hops, self._gpu_ids, time.time())
 
-    def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _store_call(self, fn: Callable[[Unpack[_Args]], _R], *args: Unpack[_Args]) -> _R:
         """``fn(*args)`` on the store thread, waited for from another thread (not the event loop),
         cutting a silent store's connections (``_cut_if_silent``) so that it raises instead of
         waiting for ever."""
-        fut = self._store_exec.submit(fn, *args)
+        fut: Future[_R] = self._store_exec.submit(fn, *args)
         while True:
             try:
                 return fut.result(timeout=1.0)

@@ -18,14 +18,33 @@ import datetime as dt
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import TypedDict
 
 import aiohttp
 
 from vgpumon.model import Alert
 
 log = logging.getLogger(__name__)
+
+
+class WebhookBody(TypedDict):
+    """What ``WebhookSink`` POSTs (the shape of Alertmanager's own webhook)."""
+
+    version: str
+    receiver: str
+    status: str
+    alerts: list[dict[str, object]]  # each ``{"status": …, **Alert.as_dict()}``
+
+
+class AlertmanagerAlert(TypedDict):
+    """One alert of Alertmanager's API v2 (``POST /api/v2/alerts``)."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    startsAt: str  # Alertmanager's key names
+    endsAt: str
 
 
 def _iso(ts: float) -> str:
@@ -73,7 +92,7 @@ class _HttpSink(Sink):
         self.url = url
         self.timeout = timeout
 
-    async def _post(self, session: aiohttp.ClientSession, url: str, body: Any) -> None:
+    async def _post(self, session: aiohttp.ClientSession, url: str, body: WebhookBody | list[AlertmanagerAlert]) -> None:
         try:
             async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                 if resp.status >= 300:
@@ -90,8 +109,9 @@ class WebhookSink(_HttpSink):
 
     async def send(self, session: aiohttp.ClientSession, alerts: Sequence[Alert], now: float) -> None:
         status = "firing" if any(a.state == "firing" for a in alerts) else "resolved"
-        await self._post(session, self.url, {"version": "1", "receiver": "vgpumon", "status": status,
-                                             "alerts": [{"status": a.state, **a.as_dict()} for a in alerts]})
+        body: WebhookBody = {"version": "1", "receiver": "vgpumon", "status": status,
+                             "alerts": [{"status": a.state, **a.as_dict()} for a in alerts]}
+        await self._post(session, self.url, body)
 
 
 class AlertmanagerSink(_HttpSink):
@@ -112,8 +132,8 @@ class AlertmanagerSink(_HttpSink):
         self._firing: dict[str, Alert] = {}
         self._last_send = 0.0
 
-    def body(self, alerts: Sequence[Alert], now: float) -> list[dict[str, Any]]:
-        out = []
+    def body(self, alerts: Sequence[Alert], now: float) -> list[AlertmanagerAlert]:
+        out: list[AlertmanagerAlert] = []
         for a in alerts:
             ends = a.resolved_at if a.state == "resolved" and a.resolved_at else now + 4 * self.resend_every
             out.append({
@@ -155,7 +175,7 @@ class Dispatcher:
     """
 
     def __init__(self, sinks: Sequence[Sink], *, queue_max: int = 1000, retry_max: float = 60.0,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.sinks = list(sinks)
         seen: dict[str, int] = {}
         for s in self.sinks:  # two webhooks are "webhook" and "webhook-2" in logs and counters

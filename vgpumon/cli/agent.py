@@ -7,7 +7,7 @@ import logging
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -15,6 +15,9 @@ from vgpumon import __version__
 from vgpumon.base.errors import UsageError
 from vgpumon.cli.options import DbOption, RawRetentionOption, RollupRetentionOption, _duration_param, _settings
 from vgpumon.cli.outcomes import _echo_err
+
+if TYPE_CHECKING:
+    from vgpumon.agent import Agent, AgentStats
 
 log = logging.getLogger("vgpumon")
 
@@ -24,7 +27,7 @@ class Pace(str, Enum):
     recorded = "recorded"
 
 
-async def _run_until_signal(agent: "object") -> "object":
+async def _run_until_signal(agent: Agent) -> AgentStats:
     from vgpumon.agent.process import run_until_signal
 
     return await run_until_signal(agent)
@@ -227,4 +230,4 @@ def record(
         stats = asyncio.run(_run_until_signal(runner))
     finally:
         recorder.close()
-    _echo_err(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}")  # type: ignore[attr-defined]
+    _echo_err(f"vgpumon record: {recorder.ticks_written} ticks of {stats.gpus} GPU(s) written to {file}")

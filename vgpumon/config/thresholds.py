@@ -12,15 +12,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, TypeGuard
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def seconds(value: Any) -> float:
-    """A duration in seconds from a number or a string such as ``"90s"``, ``"15m"``, ``"6h"``.
+def seconds(value: object) -> float:
+    """A duration in seconds from a number or a string such as ``"90s"``, ``"15m"``, ``"6h"``
+    (``value`` as a file or a flag gave it: anything, checked here).
 
     Raises:
         ValueError: not a duration.
@@ -33,7 +35,7 @@ def seconds(value: Any) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     """A real number that is neither NaN nor infinite (an int too large for a float is not)."""
     try:
         return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
@@ -41,7 +43,7 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _shown(value: Any, is_duration: bool) -> str:
+def _shown(value: object, is_duration: bool) -> str:
     """A value as an error shows it: durations as people write them (``45 d``, ``-1 min``)."""
     if not _finite(value):
         return repr(value)
@@ -53,7 +55,7 @@ def _shown(value: Any, is_duration: bool) -> str:
     return f"{value:g}"
 
 
-def _seconds_of(key: str, value: Any) -> float:
+def _seconds_of(key: str, value: object) -> float:
     """``seconds(value)``, its error naming the key; a duration that is not finite
     (TOML's ``inf``, ``nan``) or does not fit a float is refused here."""
     try:
@@ -65,7 +67,7 @@ def _seconds_of(key: str, value: Any) -> float:
     return out
 
 
-def _number_of(key: str, value: Any, whole: bool) -> float | int:
+def _number_of(key: str, value: object, whole: bool) -> float | int:
     """A threshold's number from a parsed value: finite, and whole where the threshold counts
     (``*_polls``); its error names the key and the value as written."""
     written = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}… ({len(repr(value))} characters)"
@@ -264,7 +266,7 @@ class Thresholds:
 
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any],
+    def from_mapping(cls, values: Mapping[str, object],
                      rule_names: Callable[[], Collection[str]] | None = None) -> "Thresholds":
         """Thresholds from a plain mapping (a parsed ``[rules.thresholds]`` table): unnamed keys keep their
         defaults; durations (``*_seconds``) may be strings like ``"5m"``; ``for`` (or
@@ -280,7 +282,7 @@ class Thresholds:
         names: set[str] = set()
         if rule_names is not None and any(k in ("for", "for_seconds", "disabled") for k in values):
             names = set(rule_names())
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {}  # each value of the type of its field, by key: checked here, one by one
         for key, value in values.items():
             key = "for_seconds" if key == "for" else key
             f = known.get(key)

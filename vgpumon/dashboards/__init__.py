@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Protocol, TypedDict
 
 #: file name → (module, builder function)
 DASHBOARDS: dict[str, tuple[str, str]] = {
@@ -24,11 +25,40 @@ DASHBOARDS: dict[str, tuple[str, str]] = {
 EXTRA_HINT = "pip install 'vgpumon[dashboards]'"
 
 
+class Target(TypedDict, total=False):
+    """A panel's query, as a dashboard JSON document holds it (the keys read here)."""
+
+    expr: str
+    legendFormat: str
+    refId: str
+
+
+class Panel(TypedDict, total=False):
+    """A panel of a dashboard JSON document (the keys read here; Grafana's have many more)."""
+
+    type: str
+    title: str
+    panels: list[Panel]  # a row's
+    targets: list[Target]
+
+
+class Dashboard(TypedDict, total=False):
+    """A dashboard JSON document, as far as ``panels`` and ``queries`` read it."""
+
+    panels: list[Panel]
+
+
+class _Builder(Protocol):
+    """A dashboard builder of grafana-foundation-sdk."""
+
+    def build(self) -> object: ...  # the SDK's model, which its JSONEncoder writes
+
+
 class SdkMissingError(RuntimeError):
     """grafana-foundation-sdk is not installed (or not its 11.6 build)."""
 
 
-def _builder(module: str, name: str) -> Callable[[], Any]:
+def _builder(module: str, name: str) -> Callable[[], _Builder]:
     import importlib
 
     try:
@@ -67,7 +97,7 @@ def write(directory: str | Path) -> list[Path]:
     return paths
 
 
-def panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def panels(doc: Dashboard) -> Iterator[Panel]:
     """The panels of a dashboard JSON document (rows' nested panels included, rows left out)."""
     for p in doc.get("panels", []):
         if p.get("type") == "row":
@@ -76,7 +106,7 @@ def panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield p
 
 
-def queries(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def queries(doc: Dashboard) -> Iterator[tuple[Panel, Target]]:
     """``(panel, target)`` for every Prometheus query of a dashboard JSON document."""
     for p in panels(doc):
         for t in p.get("targets", []):

@@ -195,7 +195,7 @@ def table(
     rename: Mapping[str, str] | None = None, maps: list[dm.ValueMap] | None = None,
 ) -> tableb.Panel:
     """A table of instant queries (``format: table``), merged on their labels; one row per series."""
-    queries = [Q(q.expr, q.legend, instant=True, fmt="table") for q in queries]
+    queries = tuple(Q(q.expr, q.legend, instant=True, fmt="table") for q in queries)
     p = _common(tableb.Panel(), title, description, queries, unit, w, h)
     if len(queries) > 1:
         p = p.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))

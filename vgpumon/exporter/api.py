@@ -24,14 +24,17 @@ import json
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.exporter.collector import MetricsExporter
     from vgpumon.exporter.view import AgentView
+    from vgpumon.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class ApiConfig:
     token: str | None = None
     stacks: bool = False
     window_seconds: float = 900.0
-    thresholds: Any = None
+    thresholds: Thresholds | None = None
     py_spy: str | None = None
 
     def __repr__(self) -> str:  # never print the token (a log line of the config, a traceback)
@@ -78,8 +81,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def plain(obj: Any) -> Any:
-    """Model data as JSON-able values: dataclasses as dicts, enums as their values, mappings with
+def plain(obj: object) -> object:
+    """Model data (any value of ``vgpumon.model``: opaque here) as JSON-able values: dataclasses as dicts, enums as their values, mappings with
     string keys, tuples and sets as lists; a parsed scrape (``ServerSample.reading``) is left out;
     a non-finite float (never stored, but never served either) becomes ``None``."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -101,7 +104,7 @@ def json_error(status: int, message: str, headers: Mapping[str, str] | None = No
                         content_type="application/json", headers=headers)
 
 
-def _json(body: Any) -> web.Response:
+def _json(body: object) -> web.Response:  # JSON-able (``plain``); what is not becomes its str
     return web.Response(text=json.dumps(body, default=str) + "\n", content_type="application/json")
 
 
@@ -163,7 +166,7 @@ class AgentApi:
         return None
 
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if not request.path.startswith("/api/"):
             return await handler(request)
         refused = self._authorized(request)
@@ -224,10 +227,11 @@ class AgentApi:
         except ValueError as exc:
             return json_error(400, f"bad query: {exc}")
         stacks = q.get("stacks", "") in ("1", "true", "yes")
-        if self.agent.store is None:
+        agent_store = self.agent.store
+        if agent_store is None:
             return json_error(503, "this agent has no store to report from")
         loop = asyncio.get_running_loop()
-        report = await loop.run_in_executor(self._exec, self._report, window, max_age, lookback, since)
+        report = await loop.run_in_executor(self._exec, self._report, agent_store, window, max_age, lookback, since)
         self._add_live(report)
         if stacks:
             await loop.run_in_executor(self._exec, self._add_stacks, report)
@@ -235,11 +239,11 @@ class AgentApi:
 
     # -- the report ------------------------------------------------------------------------------
 
-    def _report(self, window: float, max_age: float | None, lookback: float | None, since: float | None) -> dict[str, Any]:
+    def _report(self, agent_store: Store, window: float, max_age: float | None, lookback: float | None, since: float | None) -> dict[str, Any]:
         from vgpumon.diagnose import build_report
         from vgpumon.store import Store
 
-        store = Store(engine=self.agent.store.engine)  # the agent's pool; this thread only reads
+        store = Store(engine=agent_store.engine)  # the agent's pool; this thread only reads
         return build_report(store, self.agent.hostname, window_seconds=window, now=self.clock(), max_age_seconds=max_age,
                             local_hostname=self.agent.hostname, thresholds=self.config.thresholds, since=since,
                             lookback_seconds=lookback)

@@ -28,7 +28,8 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -76,7 +77,7 @@ from vgpumon.exporter.text import Family, Labels, metrics, render
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, SourceStatus
 
 if TYPE_CHECKING:
-    from vgpumon.exporter.view import AgentView, VllmView
+    from vgpumon.exporter.view import AgentView, HostSourceView, VllmView
     from vgpumon.model import PcieTopology
     from vgpumon.store.spool import Backlog
 
@@ -145,9 +146,9 @@ class MetricsExporter(VllmSeries, Collector):
         config: ExporterConfig | None = None,
         selection: frozenset[str] | None = None,
         vllm: "VllmView | None" = None,
-        host_source: Any = None,
+        host_source: "HostSourceView | None" = None,
         rules: RulesFeed | None = None,
-        stats: Any = None,
+        stats: object = None,  # AgentStats (above the exporter): its counters are read by name (STATS)
         backlog: "Backlog | None" = None,
         topology: Callable[[], "PcieTopology | None"] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -167,8 +168,8 @@ class MetricsExporter(VllmSeries, Collector):
         self._snap: Snapshot | None = None
         self._received = 0.0
         self._host: HostSample | None = None
-        self._slow: dict[str, dict[str, Any]] = {}
-        self._labels: dict[tuple[Any, ...], Labels] = {}
+        self._slow: dict[str, dict[str, float]] = {}  # per GPU, its newest slow-set values
+        self._labels: dict[tuple[Hashable, ...], Labels] = {}
         self._host_labels = Labels((("hostname", hostname),))
 
     @classmethod
@@ -200,7 +201,7 @@ class MetricsExporter(VllmSeries, Collector):
         self._received = self.monotonic()
         if snap.host is not None:
             self._host = snap.host
-        slow: dict[str, dict[str, Any]] | None = None
+        slow: dict[str, dict[str, float]] | None = None
         for s in snap.samples:
             if not s.up:
                 if s.uuid in self._slow:
@@ -234,7 +235,8 @@ class MetricsExporter(VllmSeries, Collector):
 
     def fresh(self) -> bool:
         """True when the newest tick is at most ``stale_after_intervals`` intervals old."""
-        return self._snap is not None and self.age() <= self.config.stale_after_intervals * self.interval
+        age = self.age()  # None before the first tick
+        return age is not None and age <= self.config.stale_after_intervals * self.interval
 
     def age(self) -> float | None:
         """Seconds since the newest tick was observed; ``None`` before the first."""
@@ -450,14 +452,14 @@ class MetricsExporter(VllmSeries, Collector):
                 if (fam := fams.get(name)) is not None:
                     fam.add(base, float(getattr(self.stats, attr)))
 
-    def _cached(self, key: tuple[Any, ...], make: Callable[[], Labels]) -> Labels:
+    def _cached(self, key: tuple[Hashable, ...], make: Callable[[], Labels]) -> Labels:
         labels = self._labels.get(key)
         if labels is None:
             labels = self._labels[key] = make()
         return labels
 
 
-def _label_value(v: Any) -> str:
+def _label_value(v: str | float) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     return str(v)

@@ -5,7 +5,7 @@ here (``vgpumon.exporter.collector`` renders, ``vgpumon.exporter.servers`` the v
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
 
 from vgpumon import catalogue
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS, XID_NAMES
@@ -49,7 +49,7 @@ GPU_SLOW = plan("gpu_samples", skip=GPU_SPECIAL, slow=True)
 SLOW_NAMES = tuple(f.name for f in catalogue.fields_of("gpu_samples") if f.cadence in SLOW_CADENCES)
 IDENTITY = plan("gpus")
 INFO_LABELS = tuple((f.name, f.prom_label) for f in catalogue.fields_of("gpus") if f.prom_label and f.name != "uuid")
-PROCESS = {f.name: f.prometheus for f in catalogue.fields_of("gpu_process_samples")}
+PROCESS = {f.name: f.prometheus for f in catalogue.fields_of("gpu_process_samples") if f.prometheus is not None}
 HOST = plan("host_samples")
 VLLM = plan("vllm_samples", skip={"state", "telemetry_up", "telemetry", "latency_unreliable"})
 TELEMETRY = _F("vllm_samples", "telemetry")
@@ -105,9 +105,10 @@ STATES = tuple(s.value for s in ServerState)
 
 
 
-def add_values(fams: dict[str, Family], labels: Labels, obj: Any, plan: Plan) -> None:
-    """Add each field of ``plan`` that ``obj`` (an object, or a dict of slow values) knows."""
-    get = obj.get if isinstance(obj, dict) else (lambda name: getattr(obj, name))
+def add_values(fams: dict[str, Family], labels: Labels, obj: object, plan: Plan) -> None:
+    """Add each field of ``plan`` that ``obj`` (a model record, read by the plan's attribute
+    names, or a dict of slow values) knows; every such field is a number or ``None``."""
+    get: Callable[[str], float | None] = obj.get if isinstance(obj, dict) else (lambda name: getattr(obj, name))
     for name, family, extra in plan:
         value = get(name)
         if value is None:

@@ -4,7 +4,8 @@ newest poll is older than three poll intervals is left out. A part of ``MetricsE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from vgpumon.exporter import plans
 from vgpumon.exporter.text import Family, Labels
@@ -20,7 +21,7 @@ class VllmSeries:
     hostname: str
     vllm: "VllmView | None"
 
-    def _cached(self, key: tuple[Any, ...], make: Callable[[], Labels]) -> Labels:
+    def _cached(self, key: tuple[Hashable, ...], make: Callable[[], Labels]) -> Labels:
         raise NotImplementedError  # MetricsExporter's
 
     def _server_base(self, smp: ServerSample) -> Labels:

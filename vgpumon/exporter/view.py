@@ -4,7 +4,7 @@ source. ``vgpumon.agent.Agent`` and ``vgpumon.sources.vllm.VllmSource`` satisfy 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     from vgpumon.model import Snapshot
@@ -14,12 +14,26 @@ if TYPE_CHECKING:
     from vgpumon.store.spool import Backlog
 
 
+class DiscoveredProcess(Protocol):
+    """A vLLM server found in the process table (``VllmProcess``), as the API's stacks read it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def engine_pids(self) -> Sequence[int]: ...
+
+
 class VllmView(Protocol):
     """The vLLM source's newest sample per server and its poll cadence."""
 
-    servers: Mapping[str, ServerSample | None]
-    interval: float
-    discovered: Any
+    @property
+    def servers(self) -> Mapping[tuple[str, int], ServerSample | None]: ...
+
+    @property
+    def interval(self) -> float: ...
+
+    def discovered(self) -> Mapping[str, DiscoveredProcess]: ...
 
     def clock(self) -> float: ...
 
@@ -27,7 +41,8 @@ class VllmView(Protocol):
 class HostSourceView(Protocol):
     """The host source's values refused at the door, per field."""
 
-    rejected: Mapping[str, int]
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
 
 
 class AgentView(Protocol):
@@ -35,9 +50,17 @@ class AgentView(Protocol):
 
     hostname: str
     interval: float
-    vllm: VllmView | None
-    host: HostSourceView | None
-    stats: Any  # ``AgentStats``: its counters are read by name (collector._STATS)
+    # read-only (properties): the agent holds its own sources, which satisfy these views
+    @property
+    def vllm(self) -> VllmView | None: ...
+
+    @property
+    def host(self) -> HostSourceView | None: ...
+
+    @property
+    def stats(self) -> object:
+        """``AgentStats``, which lives above the exporter: opaque here, its counters are read by
+        name (collector._STATS)."""
     backlog: Backlog
     topology: PcieTopology | None
     latest: Snapshot | None

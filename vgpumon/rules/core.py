@@ -6,7 +6,7 @@ is (``Twin``). Pure data and small helpers; the checks live in ``vgpumon.rules.g
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from vgpumon import catalogue
 from vgpumon.base.fmt import duration, gb, pct  # noqa: F401  the rules' texts use them through this module
@@ -14,6 +14,10 @@ from vgpumon.base.fmt import duration, gb, pct  # noqa: F401  the rules' texts u
 if TYPE_CHECKING:
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.rules.view import HostView
+
+#: A finding's named values, for its description's ``str.format`` template: mostly texts already
+#: formatted for people, some plain figures (counts, seconds), ``None`` where there is none.
+Evidence = dict[str, str | float | None]
 
 SEVERITIES = ("critical", "warning", "info")
 #: What a finding says about its rule on one subject. ``unknown``: the inputs are absent (not
@@ -86,7 +90,7 @@ class Finding:
     labels: dict[str, str]
     state: str
     value: float | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=dict)
     reason: str | None = None
 
 
@@ -152,7 +156,7 @@ def gpu_labels(hostname: str, index: int, uuid: str) -> dict[str, str]:
     return {"hostname": hostname, "gpu": str(index), "uuid": uuid}
 
 
-def fmt(table: str | None, name: str, value: Any) -> str:
+def fmt(table: str | None, name: str, value: float | str | None) -> str:
     """A value as reports print it (``vgpumon.catalogue.fmt``), ``N/A`` for ``None``."""
     return catalogue.fmt((table, name), value)
 

@@ -9,7 +9,7 @@ GPU without GPM) — never ok for lack of data. Thresholds: ``vgpumon.config.thr
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from vgpumon import catalogue
 from vgpumon.catalogue.xid import XIDS
@@ -17,7 +17,7 @@ from vgpumon.config.thresholds import Thresholds
 from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.rules import gpu_usage
 from vgpumon.rules.core import Check, Finding, Rule, Runbook, Twin, by, duration, gpu_labels, prom, prom_duration
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import GpuEventRow, HostView, row_ts
 from vgpumon.store import StoredGpu
 
 G = "gpu_samples"
@@ -48,7 +48,7 @@ def _meanings(codes: dict[int, int]) -> str:
 # -- cumulative counters and latched flags (slow set) ---------------------------------------------
 
 
-def _latched(column: str, absent: str, fires: Callable[[Any], object]) -> Check:
+def _latched(column: str, absent: str, fires: Callable[[float], object]) -> Check:
     """A check on the newest value of a slow-set counter or flag (at or before the evaluation)."""
 
     def check(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -157,7 +157,7 @@ def _lost(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     reasons = down_reasons(view, th) if since else {}
     for g in view.gpus:
         last = newest.get(g.id)
-        if last is None or view.at - last["ts"] > th.missing_after_seconds:
+        if last is None or view.at - row_ts(last) > th.missing_after_seconds:
             # no recent row: nothing says whether it is readable (GpuMissing's case)
             yield _unknown(rule, view, g, f"no samples in the last {duration(th.missing_after_seconds)}")
             continue
@@ -194,13 +194,13 @@ def _missing(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     NVML source recorded as gone (``gpu_disappeared``, not appeared since) is missing at once,
     with the moment it went."""
     newest = view.latest(("up",))
-    recent = {gid for gid, row in newest.items() if view.at - row["ts"] <= th.missing_after_seconds}
+    recent = {gid for gid, row in newest.items() if view.at - row_ts(row) <= th.missing_after_seconds}
     if not recent:
         for g in view.gpus:
             yield _unknown(rule, view, g, f"no GPU of the host reported in the last {duration(th.missing_after_seconds)}")
         return
     # the NVML source's own word, when it recorded one: the newest of "disappeared" / "appeared"
-    last: dict[int, dict] = {}
+    last: dict[int, GpuEventRow] = {}
     for e in view.events(th.missing_lookback_seconds):  # oldest first
         if e["gpu_id"] is not None and e["kind"] in ("gpu_disappeared", "gpu_appeared"):
             last[e["gpu_id"]] = e
@@ -210,12 +210,12 @@ def _missing(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         if g.id in recent and g.id not in gone:
             yield Finding(rule.name, _labels(view, g), "ok")
             continue
-        if row is None or view.at - row["ts"] > th.missing_lookback_seconds:
+        if row is None or view.at - row_ts(row) > th.missing_lookback_seconds:
             continue  # not seen in the lookback: a card taken out long ago is no longer expected
         ev = gone.get(g.id)
         yield Finding(
-            rule.name, _labels(view, g), "firing", view.at - row["ts"],
-            {"last_seen": duration(view.at - row["ts"]) + " ago", "bus": g.identity.pci_bus_id or "?",
+            rule.name, _labels(view, g), "firing", view.at - row_ts(row),
+            {"last_seen": duration(view.at - row_ts(row)) + " ago", "bus": g.identity.pci_bus_id or "?",
              "reporting": len(recent - set(gone)), "registered": len(view.gpus),
              "event": f"; the NVML source recorded it disappearing ({ev['detail'] or ev['kind']})" if ev else ""},
         )

@@ -55,16 +55,18 @@ def _stuck(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
             continue
         needed = ("utilization_gpu_ratio_min", "sm_active_ratio_max", "tensor_active_ratio_max", "dram_active_ratio_max",
                   "pcie_tx_bytes_per_second_max", "pcie_rx_bytes_per_second_max")
-        if not _covers(a, view, window) or any(a[k] is None for k in needed) or not cap:
+        util, sm, tensor, dram, tx, rx = (a[k] for k in needed)
+        if (not _covers(a, view, window) or util is None or sm is None or tensor is None or dram is None or tx is None
+                or rx is None or not cap):
             yield _unknown(rule, view, g, f"utilization, GPM activity, PCIe or the link not reported over the last {duration(window)}")
             continue
-        engines = max(a["sm_active_ratio_max"], a["tensor_active_ratio_max"], a["dram_active_ratio_max"])
-        pcie = (a["pcie_tx_bytes_per_second_max"] + a["pcie_rx_bytes_per_second_max"]) / cap
+        engines = max(sm, tensor, dram)
+        pcie = (tx + rx) / cap
         every_tick = a["utilization_gpu_ratio_count"] == a["samples"]  # NULL: that tick was unreadable
-        on = (every_tick and a["utilization_gpu_ratio_min"] >= th.stuck_utilization_ratio
+        on = (every_tick and util >= th.stuck_utilization_ratio
               and engines <= th.stuck_engine_ratio and pcie < th.stuck_pcie_ratio)
-        yield Finding(rule.name, _labels(view, g), "firing" if on else "ok", a["utilization_gpu_ratio_min"],
-                      {"util": pct(a["utilization_gpu_ratio_min"]), "engines": pct(engines), "pcie": f"{pcie * 100:.2f} %",
+        yield Finding(rule.name, _labels(view, g), "firing" if on else "ok", util,
+                      {"util": pct(util), "engines": pct(engines), "pcie": f"{pcie * 100:.2f} %",
                        "window": duration(window)})
 
 

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import ServerState
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, prom, prom_duration
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import HostView, ProcessMemoryRow, row_ts
 
 DAY = 86400.0
 _BUCKETS = 120
@@ -206,7 +206,7 @@ def assess(
     return ("firing" if on else "ok"), trend, None
 
 
-def evidence(trend: Trend, total: float | None, at: float) -> dict[str, str]:
+def evidence(trend: Trend, total: float | None, at: float) -> dict[str, str | float | None]:
     """The description's values for a trend."""
     ttf = (total - trend.level) / trend.slope if total and trend.slope > 0 else None
     return {
@@ -252,7 +252,7 @@ def _gpu_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     for g in view.gpus:
         labels = gpu_labels(view.hostname, g.identity.index, g.identity.uuid)
         rows = view.rollups(g.id, lookback, ("memory_used_bytes_p50", "memory_reserved_bytes_mean", "memory_total_bytes_last"))
-        points = [(r["ts"], r["memory_used_bytes_p50"]) for r in rows if r["memory_used_bytes_p50"] is not None]
+        points = [(row_ts(r), used) for r in rows if (used := r["memory_used_bytes_p50"]) is not None]
         if not points:
             yield Finding(rule.name, labels, "unknown", reason=f"no 1-minute rollups of memory used in the last {duration(lookback)}")
             continue
@@ -273,7 +273,7 @@ def _gpu_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
 def _process_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     lookback = th.leak_fit_seconds + th.leak_step_seconds
     by_gpu = {g.id: g for g in view.gpus}
-    series: dict[tuple[int, int], list[dict]] = {}
+    series: dict[tuple[int, int], list[ProcessMemoryRow]] = {}
     for r in view.process_memory(lookback):
         if r["used_gpu_memory_bytes"] is not None:
             series.setdefault((r["gpu_id"], r["process_id"]), []).append(r)
@@ -284,7 +284,8 @@ def _process_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Findin
         labels = {**gpu_labels(view.hostname, g.identity.index, g.identity.uuid), "pid": str(rows[-1]["pid"])}
         minutes: dict[float, list[float]] = {}
         for r in rows:  # host samples come every few ticks: one median per minute, as the GPU's rollups
-            minutes.setdefault(r["ts"] - r["ts"] % 60, []).append(r["used_gpu_memory_bytes"])
+            if (used := r["used_gpu_memory_bytes"]) is not None:  # always: ``series`` holds only rows with a value
+                minutes.setdefault(r["ts"] - r["ts"] % 60, []).append(used)
         points = [(t, median(v)) for t, v in sorted(minutes.items())]
         state, trend, reason = assess(points, _sleep_breaks(view, g.identity.uuid, lookback), view.at, th,
                                       view.is_active(rule.name, labels))

@@ -106,14 +106,14 @@ class AlertBook:
         for fp, a in list(self._open.items()):
             if a.name not in names:
                 continue
-            f = seen.get(fp)
-            if f is not None and f.state == "firing":
+            found = seen.get(fp)
+            if found is not None and found.state == "firing":
                 continue
             if a.state == "pending":
                 del self._open[fp]
                 ch.dropped.append(a)
                 continue
-            if f is not None and f.state == "unknown" and at - a.last_eval < self.unknown_grace_seconds:
+            if found is not None and found.state == "unknown" and at - a.last_eval < self.unknown_grace_seconds:
                 continue  # absent inputs are not health: hold the alert for a while
             a.ok_since = at if a.ok_since is None else a.ok_since
             if at - a.ok_since >= self.rules[a.name].keep_firing_seconds:

@@ -14,7 +14,7 @@ from typing import Iterable
 from vgpumon.base.pcie import LANE_GT_PER_S, link_capacity_bytes_per_second, replay_budget_per_minute
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gpu_labels, pct, prom, prom_duration
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import HostView, row_ts
 from vgpumon.store.rollup import percentile
 
 G = "gpu_samples"
@@ -26,7 +26,7 @@ def _gbps(v: float | None) -> str:
     return "N/A" if v is None else f"{v / 1e9:.1f} GB/s"
 
 
-def _link(gen: int | None, width: int | None) -> str:
+def _link(gen: float | None, width: float | None) -> str:
     return f"Gen{gen or '?'} x{width or '?'}"
 
 
@@ -46,7 +46,8 @@ def _saturated(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         if cap is None:
             yield Finding(rule.name, labels, "unknown", reason="max link generation/width not reported")
             continue
-        if not a["samples"] or a["ts_min"] > view.at - 0.1 * window:
+        first = a["ts_min"]  # None only without samples
+        if not a["samples"] or first is None or first > view.at - 0.1 * window:
             yield Finding(rule.name, labels, "unknown", reason=f"less than {duration(0.1 * window)} of samples in the window")
             continue
         p95 = view.percentiles(g.id, window, _DIRS, (0.95,))
@@ -93,7 +94,7 @@ def _uplink(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         rows = view.summed([g.id for g in gpus], window, _DIRS)
         p95 = {}
         for d in _DIRS:
-            values = sorted(r[d] for r in rows if r[d] is not None)
+            values = sorted(v for v in (r[d] for r in rows) if v is not None)
             p95[d] = percentile(values, 0.95) if len(values) >= 10 else None
         if all(v is None for v in p95.values()):
             yield Finding(rule.name, labels, "unknown", reason=f"PCIe bytes/s of the GPUs below not reported over {duration(window)}")
@@ -134,7 +135,8 @@ def _degraded(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
             yield Finding(rule.name, labels, "unknown", reason="current or max PCIe link not reported")
             continue
         util = a["utilization_gpu_ratio_min"]
-        busy = util is not None and util >= th.pcie_busy_utilization_ratio and a["ts_min"] <= view.at - 0.9 * window
+        first = a["ts_min"]  # None only without samples (and then util is None too)
+        busy = util is not None and util >= th.pcie_busy_utilization_ratio and first is not None and first <= view.at - 0.9 * window
         low = gen < ident.pcie_link_gen_max or width < ident.pcie_link_width_max
         yield Finding(rule.name, labels, "firing" if busy and low else "ok", float(gen),
                       {"current": _link(gen, width), "max": _link(ident.pcie_link_gen_max, ident.pcie_link_width_max),
@@ -179,7 +181,9 @@ def _replays(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         ident = g.identity
         labels = gpu_labels(view.hostname, ident.index, ident.uuid)
         budget = replay_budget_per_minute(ident.pcie_link_gen_max, ident.pcie_link_width_max)
-        rows = [(r["ts"], r["pcie_replay_total"]) for r in view.series(g.id, window, ("pcie_replay_total",), present=True)]
+        # present: every row has the counter (the test only narrows its type)
+        rows = [(row_ts(r), n) for r in view.series(g.id, window, ("pcie_replay_total",), present=True)
+                if (n := r["pcie_replay_total"]) is not None]
         # a driver reload resets the counter: count only since the newest reset
         for i in range(len(rows) - 1, 0, -1):
             if rows[i][1] < rows[i - 1][1]:

@@ -11,7 +11,7 @@ so an alert carries the same labels natively and in Prometheus. Checked with pro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import yaml
 
@@ -29,30 +29,49 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-def _str(dumper: yaml.SafeDumper, value: str) -> Any:
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
 _Dumper.add_representer(str, _str)
 
+#: How long an alerting rule waits and keeps firing (Prometheus' ``for``, ``keep_firing_for``;
+#: each only where set: keywords, hence the functional form).
+_Timing = TypedDict("_Timing", {"for": str, "keep_firing_for": str}, total=False)
 
-def alerting_rules(rule: Rule, th: Thresholds) -> list[dict[str, Any]]:
+
+class _Head(TypedDict):
+    alert: str
+    expr: str
+
+
+class AlertingRule(_Head, _Timing):
+    """One Prometheus alerting rule, its keys in the order the rule files write them."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+def alerting_rules(rule: Rule, th: Thresholds) -> list[AlertingRule]:
     """The Prometheus alerting rules of one native rule."""
     out = []
     for twin in rule.twin(th):
-        item: dict[str, Any] = {"alert": rule.name, "expr": twin.expr}
         wait = rule.for_(th) if twin.for_seconds is None else twin.for_seconds
         keep = rule.keep_firing_seconds if twin.keep_firing_seconds is None else twin.keep_firing_seconds
+        timing: _Timing = {}
         if wait:
-            item["for"] = prom_duration(wait)
+            timing["for"] = prom_duration(wait)
         if keep:
-            item["keep_firing_for"] = prom_duration(keep)
-        item["labels"] = {"severity": rule.severity, **dict(twin.labels)}
-        item["annotations"] = {
-            "summary": rule.summary,
-            "description": twin.description,
-            "runbook_url": rule.runbook_url(th.runbook_base_url),
+            timing["keep_firing_for"] = prom_duration(keep)
+        item: AlertingRule = {
+            "alert": rule.name, "expr": twin.expr, **timing,
+            "labels": {"severity": rule.severity, **dict(twin.labels)},
+            "annotations": {
+                "summary": rule.summary,
+                "description": twin.description,
+                "runbook_url": rule.runbook_url(th.runbook_base_url),
+            },
         }
         out.append(item)
     return out

@@ -15,7 +15,7 @@ from typing import Iterable
 from vgpumon import catalogue
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import HostView, row_ts
 
 
 def _silent(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -31,7 +31,7 @@ def _silent(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
                        {"source": source, "what": what, "age": duration(age), "limit": duration(limit)})
 
     newest = view.latest(("up",))
-    yield finding("nvml", max((r["ts"] for r in newest.values()), default=None), "GPU sample")
+    yield finding("nvml", max((row_ts(r) for r in newest.values()), default=None), "GPU sample")
     host = view.newest_host_sample
     if host is not None:  # replays of another host's capture take no host samples: nothing to expect
         yield finding("host", host, "host sample")

@@ -8,12 +8,84 @@ read is made once per evaluation however many rules need it.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 from vgpumon import catalogue
 from vgpumon.model import fingerprint
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
+
+if TYPE_CHECKING:
+    from vgpumon.model import ServerState
+    from vgpumon.model.topology import PcieTopology
+    from vgpumon.store.vllm_repository import VllmRepository
+    from vgpumon.store.vllm_schema import StoredEngineSample, StoredGpuMapping
+
+_T = TypeVar("_T")
+
+#: A stored GPU value: every ``gpu_samples`` column is a number (fixed-point columns decode to
+#: floats; integers, codes and flags are ints) or NULL; so are the aggregates and rollups of them.
+Value = float | None
+#: One row of a GPU's stored values by column name: ``ts`` and the columns asked for (raw rows,
+#: rollups, per-tick sums with their ``gpus``, window aggregates such as ``<column>_max``).
+Row = dict[str, Value]
+#: A column's newest non-NULL value and its time, or ``None`` (``Store.last_values_many``).
+LastValue = tuple[float, float] | None
+#: vLLM poll rows as ``VllmRepository`` reads them (every column of its wide table, read by the
+#: catalogue's names; ``state`` as a ``ServerState``): their shape is the store's, untyped there.
+VllmRecord = dict[str, Any]
+
+
+class VllmInstanceRow(TypedDict):
+    """One start of a vLLM server (``VllmRepository.instances``: the ``vllm_instances`` row, times
+    in epoch seconds, ``final_state`` as a ``ServerState``)."""
+
+    id: int
+    host_id: int
+    address: str
+    port: int
+    url: str
+    origin: str
+    pid: int | None
+    process_start: float | None
+    first_seen: float
+    last_seen: float
+    version: str | None
+    model: str | None
+    first_connect: float | None
+    ready: float | None
+    prewarm_seconds: float | None
+    prewarm_gpu_active_ratio: float | None
+    prewarm_gpu_activity_source: str | None
+    ended: float | None
+    final_state: ServerState | None
+
+
+def row_ts(row: Row) -> float:
+    """A row's time: part of every stored row's key, never NULL (the other columns may be)."""
+    return cast(float, row["ts"])
+
+
+class ProcessMemoryRow(TypedDict):
+    """One process's GPU memory at one tick (``Store.process_memory_series``)."""
+
+    gpu_id: int
+    process_id: int
+    pid: int
+    start_time: float | None
+    name: str | None
+    ts: float
+    used_gpu_memory_bytes: int | None
+
+
+class GpuEventRow(TypedDict):
+    """One event of a host's GPUs (``Store.gpu_events``); ``gpu_id`` ``None``: host-wide."""
+
+    ts: float
+    kind: str
+    gpu_id: int | None
+    detail: str
 
 #: Columns whose newest value is read for every GPU at once, the first time any is asked for: the
 #: catalogue's ``last``/``cumulative`` columns (what ``diagnose`` shows, and what the latched rules
@@ -55,12 +127,16 @@ class HostView:
         self.active = active
         self.prefetch = prefetch
         self.carry = carry
-        self._cache: dict[Any, Any] = {} if gpus is None else {"gpus": gpus}
+        # each key's value is what its ``load`` returned (``_memo``): of the type the key's reader declares
+        self._cache: dict[Hashable, object] = {} if gpus is None else {"gpus": gpus}
+        self._latest: dict[int, Row] | None = None
+        self._latest_columns: tuple[str, ...] = ()
+        self._last: dict[str, dict[int, LastValue]] = {}
 
-    def _memo(self, key: Any, load: Callable[[], Any]) -> Any:
+    def _memo(self, key: Hashable, load: Callable[[], _T]) -> _T:
         if key not in self._cache:
             self._cache[key] = load()
-        return self._cache[key]
+        return cast(_T, self._cache[key])  # stored by the reader of this key, from the same load
 
     def is_active(self, rule: str, labels: dict[str, str]) -> bool:
         """The rule's alert on this subject is pending or firing now."""
@@ -73,28 +149,28 @@ class HostView:
         """GPUs registered for the host (every GPU its agent ever found), by index."""
         return self._memo("gpus", lambda: self.store.gpus_of(self.hostname))
 
-    def window(self, seconds: float, columns: Sequence[str], aggregates: Sequence[str] = ("min", "mean", "max", "count")) -> dict[int, dict[str, Any]]:
+    def window(self, seconds: float, columns: Sequence[str], aggregates: Sequence[str] = ("min", "mean", "max", "count")) -> dict[int, Row]:
         """Per GPU, aggregates of raw columns over ``[at − seconds, at]`` (one query for all)."""
         key = ("window", seconds, tuple(columns), tuple(aggregates))
         ids = [g.id for g in self.gpus]
         return self._memo(key, lambda: self.store.window_aggregates_many(ids, self.at - seconds, self.at, columns, aggregates))
 
-    def latest(self, columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+    def latest(self, columns: Sequence[str]) -> dict[int, Row]:
         """Per GPU, its newest row at or before ``at`` (``ts`` and the columns; GPUs without a row
         are absent). ``LATEST_READ`` and ``columns`` are read in one seek per GPU, once per view."""
-        rows: dict[int, dict[str, Any]] = self._cache.get("latest", {})
-        have: tuple[str, ...] = self._cache.get("latest_columns", ())
-        if "latest" not in self._cache or any(c not in have for c in columns):
+        rows = self._latest
+        have = self._latest_columns
+        if rows is None or any(c not in have for c in columns):
             have = tuple(dict.fromkeys([*have, *LATEST_READ, *columns]))
             rows = self.store.latest([g.id for g in self.gpus], have, until=self.at)
-            self._cache["latest"], self._cache["latest_columns"] = rows, have
+            self._latest, self._latest_columns = rows, have
         return {gid: {"ts": row["ts"], **{c: row[c] for c in columns}} for gid, row in rows.items()}
 
-    def last_values(self, gpu_id: int, columns: Sequence[str]) -> dict[str, tuple[float, Any] | None]:
+    def last_values(self, gpu_id: int, columns: Sequence[str]) -> dict[str, LastValue]:
         """Newest non-NULL value of each column at or before ``at`` (counters and latched flags
         the slow set reads every few ticks). Read for every GPU of the host at once, the first
         time a column is asked for (``Store.last_values_many``)."""
-        cache: dict[str, dict[int, tuple[float, Any] | None]] = self._cache.setdefault("last", {})
+        cache = self._last
         missing = [c for c in columns if c not in cache]
         if missing:
             # the slow-set counters and flags the rules and the report read, in one query
@@ -111,7 +187,7 @@ class HostView:
     def down_since(self) -> dict[int, float]:
         """Per GPU unreadable at ``at``, since when it has been (``Store.down_since``)."""
         return self._memo("down_since", lambda: self.store.down_since(
-            {gid: (row["ts"], row["up"]) for gid, row in self.latest(("up",)).items()}, self.at))
+            {gid: (row_ts(row), bool(row["up"])) for gid, row in self.latest(("up",)).items()}, self.at))
 
     def percentiles(self, gpu_id: int, seconds: float, columns: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[float, float | None]]:
         """Percentiles of raw values of one GPU over ``[at − seconds, at]`` (linear
@@ -120,13 +196,13 @@ class HostView:
             rows = self.series(gpu_id, seconds, columns)
             out: dict[str, dict[float, float | None]] = {}
             for c in columns:
-                values = sorted(r[c] for r in rows if r[c] is not None)
+                values = sorted(v for v in (r[c] for r in rows) if v is not None)
                 out[c] = {q: percentile(values, q) if values else None for q in quantiles}
             return out
         key = ("pct", gpu_id, seconds, tuple(columns), tuple(quantiles))
         return self._memo(key, lambda: self.store.window_percentiles(gpu_id, self.at - seconds, self.at, columns, quantiles))
 
-    def series(self, gpu_id: int, seconds: float, columns: Sequence[str], present: bool = False) -> list[dict[str, Any]]:
+    def series(self, gpu_id: int, seconds: float, columns: Sequence[str], present: bool = False) -> list[Row]:
         """Raw rows (``ts`` and the columns) of one GPU over ``[at − seconds, at]``, oldest first;
         ``present``: only those where every column has a value."""
         if self.prefetch is not None:
@@ -135,7 +211,7 @@ class HostView:
         key = ("series", gpu_id, seconds, tuple(columns), present)
         return self._memo(key, lambda: self.store.series(gpu_id, self.at - seconds, self.at, columns, present))
 
-    def summed(self, gpu_ids: Sequence[int], seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def summed(self, gpu_ids: Sequence[int], seconds: float, columns: Sequence[str]) -> list[Row]:
         """Per tick, the columns summed over ``gpu_ids`` (``Store.summed_series``: ``ts``, ``gpus``
         with a row, each column's sum or ``None`` when every GPU's value is NULL)."""
         if self.prefetch is not None:
@@ -146,25 +222,26 @@ class HostView:
                 # the usual case (every GPU of a tick carries the tick's time): add column-wise
                 out = []
                 for k, t in enumerate(times[0]):
-                    row: dict[str, Any] = {"ts": t, "gpus": len(per_gpu)}
+                    row: Row = {"ts": t, "gpus": len(per_gpu)}
                     for c in columns:
-                        vals = [rows[k][c] for rows in per_gpu if rows[k][c] is not None]
+                        vals = [v for v in (rows[k][c] for rows in per_gpu) if v is not None]
                         row[c] = sum(vals) if vals else None
                     out.append(row)
                 return out
-            ticks: dict[float, dict[str, Any]] = {}
+            ticks: dict[float, Row] = {}
             for rows in per_gpu:
                 for r in rows:
-                    t = ticks.setdefault(r["ts"], {"ts": r["ts"], "gpus": 0, **{c: None for c in columns}})
-                    t["gpus"] += 1
+                    tick = ticks.setdefault(row_ts(r), {"ts": r["ts"], "gpus": 0, **{c: None for c in columns}})
+                    tick["gpus"] = (tick["gpus"] or 0) + 1
                     for c in columns:
-                        if r[c] is not None:
-                            t[c] = r[c] if t[c] is None else t[c] + r[c]
+                        value, have = r[c], tick[c]
+                        if value is not None:
+                            tick[c] = value if have is None else have + value
             return [ticks[t] for t in sorted(ticks)]
         key = ("summed", tuple(gpu_ids), seconds, tuple(columns))
         return self._memo(key, lambda: self.store.summed_series(gpu_ids, self.at - seconds, self.at, columns))
 
-    def rollups(self, gpu_id: int, seconds: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def rollups(self, gpu_id: int, seconds: float, columns: Sequence[str]) -> list[Row]:
         """1-minute rollups of one GPU over ``[at − seconds, at]``, oldest first (for all GPUs in one
         query; through ``prefetch`` when the view has one)."""
         if self.prefetch is not None:
@@ -177,20 +254,21 @@ class HostView:
     def xids(self, seconds: float) -> list[tuple[float, int, int]]:
         return self._memo(("xids", seconds), lambda: self.store.host_xid_events(self.hostname, self.at - seconds, self.at))
 
-    def events(self, seconds: float) -> list[dict[str, Any]]:
-        return self._memo(("events", seconds), lambda: self.store.gpu_events(self.hostname, self.at - seconds, self.at, self.gpus))
+    def events(self, seconds: float) -> list[GpuEventRow]:
+        return self._memo(("events", seconds), lambda: cast("list[GpuEventRow]", self.store.gpu_events(
+            self.hostname, self.at - seconds, self.at, self.gpus)))  # the shape Store.gpu_events documents
 
-    def process_memory(self, seconds: float) -> list[dict[str, Any]]:
+    def process_memory(self, seconds: float) -> list[ProcessMemoryRow]:
         ids = [g.id for g in self.gpus]
         if self.prefetch is not None:
             return self.prefetch.process_memory(ids, self.at - seconds, self.at)
-        return self._memo(("procmem", seconds), lambda: self.store.process_memory_series(ids, self.at - seconds, self.at))
+        return self._memo(("procmem", seconds), lambda: _process_memory(self.store, ids, self.at - seconds, self.at))
 
     def rejections(self, seconds: float) -> dict[str, dict[str, tuple[int, str]]]:
         return self._memo(("rejected", seconds), lambda: self.store.rejections(self.hostname, self.at - seconds, self.at))
 
     @property
-    def topology(self) -> Any:
+    def topology(self) -> PcieTopology:
         return self._memo("topology", lambda: self.store.topology(self.hostname))
 
     @property
@@ -200,26 +278,36 @@ class HostView:
     # -- vLLM ------------------------------------------------------------------------------------
 
     @property
-    def _vllm(self) -> Any:
+    def _vllm(self) -> VllmRepository:
         from vgpumon.store.vllm_repository import VllmRepository
 
         return self._memo("vllm_repo", lambda: VllmRepository(self.store.engine))
 
     @property
-    def vllm_instances(self) -> list[dict[str, Any]]:
+    def vllm_instances(self) -> list[VllmInstanceRow]:
         """Server starts of the host that began at or before ``at``, oldest first."""
-        return self._memo("vllm", lambda: [i for i in self._vllm.instances(self.hostname) if i["first_seen"] <= self.at])
+        # the shape VllmRepository.instances reads (the table's columns)
+        return self._memo("vllm", lambda: [cast("VllmInstanceRow", i) for i in self._vllm.instances(self.hostname) if i["first_seen"] <= self.at])
 
-    def vllm_samples(self, instance_id: int, seconds: float | None) -> list[dict[str, Any]]:
+    def vllm_samples(self, instance_id: int, seconds: float | None) -> list[VllmRecord]:
         """Polls of one start in ``[at − seconds, at]`` (``None``: since the start)."""
         start = None if seconds is None else self.at - seconds
         return self._memo(("vllm_s", instance_id, seconds), lambda: self._vllm.samples(instance_id, start, self.at))
 
-    def vllm_engine_samples(self, instance_id: int, seconds: float) -> list[dict[str, Any]]:
+    def vllm_engine_samples(self, instance_id: int, seconds: float) -> "list[StoredEngineSample]":
         return self._memo(("vllm_e", instance_id, seconds), lambda: self._vllm.engine_samples(instance_id, self.at - seconds, self.at))
 
-    def vllm_gpu_map(self, instance_id: int) -> list[dict[str, Any]]:
+    def vllm_gpu_map(self, instance_id: int) -> "list[StoredGpuMapping]":
         return self._memo(("vllm_g", instance_id), lambda: self._vllm.gpu_map(instance_id))
+
+
+def _process_memory(store: Store, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]:
+    # the shape Store.process_memory_series documents
+    return cast("list[ProcessMemoryRow]", store.process_memory_series(gpu_ids, start, end))
+
+
+#: A ``Prefetch`` read: the span read, then per GPU its rows and their times (for bisecting).
+_Slices = tuple[float, float, dict[int, tuple[list[Row], list[float]]]]
 
 
 class Prefetch:
@@ -237,9 +325,9 @@ class Prefetch:
     def __init__(self, store: Store, first_at: float, last_at: float) -> None:
         self.store = store
         self.first_at, self.last_at = first_at, last_at
-        self._rollups: dict[tuple[str, ...], Any] = {}
-        self._raw: dict[tuple[str, ...], Any] = {}
-        self._procmem: tuple[float, float, list[dict[str, Any]]] | None = None
+        self._rollups: dict[tuple[str, ...], _Slices] = {}
+        self._raw: dict[tuple[str, ...], _Slices] = {}
+        self._procmem: tuple[float, float, list[ProcessMemoryRow]] | None = None
 
     def _span(self, start: float, end: float) -> tuple[float, float]:
         # views come in time order: the first request of a kind is its earliest; reading on to the
@@ -247,30 +335,30 @@ class Prefetch:
         # of any rule would read an hour of raw rows for a 10-minute window)
         return start, max(end, self.last_at)
 
-    def _slice(self, cache: dict[Any, Any], key: Any, fetch: Callable[[float, float], dict[int, list[dict[str, Any]]]],
-               gpu_id: int, start: float, end: float) -> list[dict[str, Any]]:
+    def _slice(self, cache: dict[tuple[str, ...], _Slices], key: tuple[str, ...], fetch: Callable[[float, float], dict[int, list[Row]]],
+               gpu_id: int, start: float, end: float) -> list[Row]:
         have = cache.get(key)
         if have is None or start < have[0] or end > have[1]:
             lo, hi = self._span(start, end)
-            rows = fetch(lo, hi)
-            have = cache[key] = (lo, hi, {g: (rs, [r["ts"] for r in rs]) for g, rs in rows.items()})
+            fetched = fetch(lo, hi)
+            have = cache[key] = (lo, hi, {g: (rs, [row_ts(r) for r in rs]) for g, rs in fetched.items()})
         rows, times = have[2].get(gpu_id, ([], []))
         return rows[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]
 
-    def rollups(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def rollups(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[Row]:
         """1-minute rollups of one GPU over ``[start, end]`` (read for all GPUs and times at once)."""
         return self._slice(self._rollups, tuple(columns), lambda lo, hi: self.store.rollup_series_many(gpu_ids, lo, hi, columns),
                            gpu_id, start, end)
 
-    def raw(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]:
+    def raw(self, gpu_ids: Sequence[int], gpu_id: int, start: float, end: float, columns: Sequence[str]) -> list[Row]:
         """Raw rows of one GPU over ``[start, end]`` (read for all GPUs and times at once)."""
         return self._slice(self._raw, tuple(columns), lambda lo, hi: self.store.series_many(gpu_ids, lo, hi, columns),
                            gpu_id, start, end)
 
-    def process_memory(self, gpu_ids: Sequence[int], start: float, end: float) -> list[dict[str, Any]]:
+    def process_memory(self, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]:
         if self._procmem is None or start < self._procmem[0] or end > self._procmem[1]:  # noqa: SIM102
             lo, hi = self._span(start, end)
-            self._procmem = (lo, hi, self.store.process_memory_series(gpu_ids, lo, hi))
+            self._procmem = (lo, hi, _process_memory(self.store, gpu_ids, lo, hi))
         return [r for r in self._procmem[2] if start <= r["ts"] <= end]
 
 
@@ -309,9 +397,9 @@ class CarriedValues:
         self._columns: tuple[str, ...] = ()
         self._at: float | None = None
         self._full_at = 0.0
-        self._values: dict[int, dict[str, tuple[float, Any] | None]] = {}
+        self._values: dict[int, dict[str, LastValue]] = {}
 
-    def read(self, store: Store, gpu_ids: Sequence[int], at: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]:
+    def read(self, store: Store, gpu_ids: Sequence[int], at: float, columns: Sequence[str]) -> dict[int, dict[str, LastValue]]:
         """As ``Store.last_values_many(gpu_ids, at, columns)``, from the values carried from the
         previous call and the raw rows since.
 

@@ -10,12 +10,12 @@ source's (docs/vllm.md, FACTS §5).
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import ServerState
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, pct, prom, prom_duration
-from vgpumon.rules.view import HostView
+from vgpumon.rules.view import HostView, VllmInstanceRow, VllmRecord
 
 V = "vllm_samples"
 BY = by("vllm")
@@ -27,25 +27,25 @@ def _state_sel(*states: ServerState) -> str:
     return prom(V, "state") + '{state=~"' + "|".join(s.value for s in states) + '"}'
 
 
-def current_starts(view: HostView, lookback: float) -> list[dict[str, Any]]:
+def current_starts(view: HostView, lookback: float) -> list[VllmInstanceRow]:
     """The newest start of each server (by URL) seen within ``lookback`` of the evaluation time."""
-    newest: dict[str, dict[str, Any]] = {}
+    newest: dict[str, VllmInstanceRow] = {}
     for inst in view.vllm_instances:
         if inst["url"] not in newest or inst["first_seen"] >= newest[inst["url"]]["first_seen"]:
             newest[inst["url"]] = inst
     return [i for _, i in sorted(newest.items()) if i["last_seen"] >= view.at - lookback]
 
 
-def _labels(view: HostView, inst: dict[str, Any]) -> dict[str, str]:
+def _labels(view: HostView, inst: VllmInstanceRow) -> dict[str, str]:
     # as /metrics labels the server (vgpumon.exporter.collector), so native and Prometheus alerts match
     return {"hostname": view.hostname, "server": f"{inst['address']}:{inst['port']}"}
 
 
-def _model(inst: dict[str, Any]) -> str:
+def _model(inst: VllmInstanceRow) -> str:
     return inst["model"] or "unknown model"
 
 
-def _newest(view: HostView, inst: dict[str, Any], seconds: float) -> dict[str, Any] | None:
+def _newest(view: HostView, inst: VllmInstanceRow, seconds: float) -> VllmRecord | None:
     rows = view.vllm_samples(inst["id"], seconds)
     return rows[-1] if rows else None
 
@@ -53,7 +53,7 @@ def _newest(view: HostView, inst: dict[str, Any], seconds: float) -> dict[str, A
 # -- dead, hung, engine lost ----------------------------------------------------------------------
 
 
-def _why(row: dict[str, Any], inst: dict[str, Any]) -> str:
+def _why(row: VllmRecord, inst: VllmInstanceRow) -> str:
     if row["health_status"] in (500, 503):
         return f"/health answered {row['health_status']}"
     if inst["ended"] is not None:
@@ -133,14 +133,16 @@ def _not_ready(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
                        "since": "process start" if inst["process_start"] is not None else "first seen"})
 
 
-def _recent_ready(view: HostView, th: Thresholds) -> Iterable[dict[str, Any]]:
+def _recent_ready(view: HostView, th: Thresholds) -> Iterable[tuple[VllmInstanceRow, float]]:
+    """The starts that became ready lately, each with when it did."""
     for inst in current_starts(view, th.vllm_recent_start_seconds):
-        if inst["ready"] is not None and 0 <= view.at - inst["ready"] <= th.vllm_recent_start_seconds:
-            yield inst
+        ready = inst["ready"]
+        if ready is not None and 0 <= view.at - ready <= th.vllm_recent_start_seconds:
+            yield inst, ready
 
 
 def _prewarm_slow(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
-    for inst in _recent_ready(view, th):
+    for inst, _ in _recent_ready(view, th):
         labels = _labels(view, inst)
         took = inst["prewarm_seconds"]
         if took is None:
@@ -161,9 +163,8 @@ def _prewarm_slow(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Findin
 
 
 def _traffic_before_warm(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
-    for inst in _recent_ready(view, th):
+    for inst, ready in _recent_ready(view, th):
         labels = _labels(view, inst)
-        ready = inst["ready"]
         rows = view.vllm_samples(inst["id"], view.at - ready)
         early = [r["ttft_p95_seconds"] for r in rows if r["ts"] <= ready + th.vllm_early_seconds and r["ttft_p95_seconds"] is not None]
         steady = [r["ttft_p95_seconds"] for r in rows if r["ts"] >= ready + th.vllm_steady_after_seconds and r["ttft_p95_seconds"] is not None]
@@ -184,11 +185,11 @@ def _traffic_before_warm(view: HostView, th: Thresholds, rule: Rule) -> Iterable
 # -- KV cache -------------------------------------------------------------------------------------
 
 
-def _alive_polls(view: HostView, inst: dict[str, Any], window: float) -> list[dict[str, Any]]:
+def _alive_polls(view: HostView, inst: VllmInstanceRow, window: float) -> list[VllmRecord]:
     return [r for r in view.vllm_samples(inst["id"], window) if r["state"] in ALIVE]
 
 
-def _gauges(view: HostView, inst: dict[str, Any], window: float, *names: str) -> tuple[list[dict[str, Any]], list[list[Any]] | None]:
+def _gauges(view: HostView, inst: VllmInstanceRow, window: float, *names: str) -> tuple[list[VllmRecord], list[list[float]] | None]:
     """The start's live polls over the window and, per gauge, its known values — ``None`` when a
     gauge has none or the polls do not cover the window (the rule then says unknown)."""
     polls = _alive_polls(view, inst, window)
