@@ -182,21 +182,23 @@ def test_a_read_that_ended_before_the_watchdog_acts_is_not_given_up(tmp_path, st
 
 
 def test_a_timer_that_fires_as_a_slow_read_ends_gives_nothing_up(tmp_path, store_of):
-    """The timer's race: a tick's read overruns the deadline outside any device's calls (0.5 s
+    """The timer's race: a tick's read overruns the deadline outside any device's calls (1.5 s
     as the tick is stamped; nothing hangs) and SIGALRM's handler reads "GPU 0 in a call for a
     minute" (a stale answer of ``inflight``). The source refuses to abandon a read no longer in
     flight and the timer is armed again: no wedge, no event, no tick lost."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
     source = NvmlSource(ReplayBackend(H200_CAPTURE))
     store = open_store(url)
-    agent = Agent(source, store, hostname="h", paced=True, interval=1.0, call_deadline=0.3, duration=8.0)
+    # a deadline no real read of a loaded machine overruns (a 0.3-s one did, once, and was rightly
+    # given up on), and a stall past it
+    agent = Agent(source, store, hostname="h", paced=True, interval=2.0, call_deadline=1.0, duration=16.0)
     real_inflight, real_stamp, real_resume = source.inflight, source._stamp, source.resume
     state = {"slow": 0, "stale": 0, "resumed": 0}
 
     def stamp(ts):
         if agent.stats.ticks == 3 and state["slow"] == 0:
             state["slow"] = 1
-            time.sleep(0.5)  # past the deadline, in no device's calls: the timer fires meanwhile
+            time.sleep(1.5)  # past the deadline, in no device's calls: the timer fires meanwhile
         return real_stamp(ts)
 
     def inflight():
@@ -217,7 +219,8 @@ def test_a_timer_that_fires_as_a_slow_read_ends_gives_nothing_up(tmp_path, store
     assert state == {"slow": 1, "stale": 1, "resumed": 0}
     store = store_of(url)
     (gpu,) = store.gpus_of("h")
-    assert [r["up"] for r in store.series(gpu.id, 0, 2e9, ("up",))] == [True] * 8
+    ups = [r["up"] for r in store.series(gpu.id, 0, 2e9, ("up",))]
+    assert len(ups) == agent.stats.ticks >= 8 and all(ups)
     assert store.events("h", 0, 2e9) == []
 
 
