@@ -12,8 +12,11 @@ import sys
 
 import pytest
 from conftest import DATA, KEEP_ALL
+from shape_support import mismatches
 
-from vgpumon.store import open_store
+from vgpumon.capacity import review
+from vgpumon.capacity.schema import Review
+from vgpumon.store import Store, open_store
 from vgpumon.testing import capacity, incident, scenarios
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
@@ -40,7 +43,9 @@ def test_two_switch_groups_at_13_gb_s_over_gen3_uplinks_are_saturated_without_he
     _host(db_url)
     out = run("capacity", "gpu-host-16", "--db", db_url, "--json")
     assert out.returncode == 0, out.stderr
-    (host,) = json.loads(out.stdout)["hosts"]
+    doc = json.loads(out.stdout)
+    assert mismatches(doc, Review) == []  # the keys and types vgpumon.capacity.schema declares
+    (host,) = doc["hosts"]
     switches = {p["port"]: p for p in host["shared"] if p["kind"] == "bridge"}
     assert set(switches) == {"0000:10:00.0", "0000:20:00.0"}
     for p in switches.values():
@@ -82,7 +87,9 @@ def test_the_recorded_copy_phase_saturates_the_incidents_gen5_switches(tmp_path)
     assert run("agent", "--replay", str(cap), "--db", url, "--listen", "off", "--hostname", "h8",
                "--sysfs", str(incident.sysfs_tree(DATA, tmp_path / "sys"))).returncode == 0
     assert run("db", "prune", "--db", url, *KEEP_ALL).returncode == 0
-    (host,) = json.loads(run("capacity", "h8", "--db", url, "--json").stdout)["hosts"]
+    doc = json.loads(run("capacity", "h8", "--db", url, "--json").stdout)
+    assert mismatches(doc, Review) == []
+    (host,) = doc["hosts"]
     switches = [p for p in host["shared"] if p["kind"] == "bridge"]
     assert len(switches) == 2 and all(p["saturated"] and p["cards"] == 4 for p in switches)
     assert all(p["rx"]["max_bytes_per_second"] > 3 * p["link_max"]["capacity_bytes_per_second"] for p in switches)
@@ -98,6 +105,12 @@ def test_html_review_has_its_plots(tmp_path):
     text = page.read_text()
     assert "gpu-host-16" in text and "Plotly.newPlot" in text and "headroom" in text
     assert "<script src=" not in text and len(text) > 1_000_000  # plotly.js embedded: the file opens offline
+    store = Store(url, read_only=True)
+    try:  # what the plots are drawn from: the review with its series, as declared
+        plotted = review(store, series=True)
+    finally:
+        store.close()
+    assert plotted["hosts"][0]["gpus"][0]["series"]["rx"] and mismatches(plotted, Review) == []
 
 
 def test_html_without_plotly_says_which_extra(tmp_path):

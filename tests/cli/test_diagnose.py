@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 from conftest import DATA, H200_CAPTURE, KEEP_ALL
+from shape_support import mismatches
 
 from vgpumon.catalogue.gpu import XID_NAMES
 from vgpumon.catalogue.xid import XIDS
-from vgpumon.diagnose import HEALTH_AREAS, NOT_HEALTH
+from vgpumon.diagnose import HEALTH_AREAS, NOT_HEALTH, Report, unknown_report
+from vgpumon.diagnose.report import alert_record
+from vgpumon.model import Alert
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.gpu import CRITICAL_XIDS, WARNING_XIDS
 from vgpumon.testing import incident, scenarios
@@ -153,6 +156,27 @@ def test_json_carries_what_the_terminal_shows(incident_db):
         assert section in text, section
     peak = rep["trends"]["gpus"][0]["pcie_peak"]
     assert peak["direction"] == "rx" and peak["share_of_max_link"] > 0.9  # the recorded 55 GB/s copies
+
+
+def test_the_json_is_the_report_its_schema_declares(incident_db):
+    """``--json`` as monitoring and scripts read it: every key ``vgpumon.diagnose.schema.Report``
+    declares, of its type, and no other — the incident, its look-back, stale, an unknown host and
+    a report from the store asked for stacks."""
+    for args in ((), ("--window", "20s", "--since", "2m"), ("--max-age", "1s"), ("--stacks",)):
+        rep = json.loads(run("diagnose", HOST, "--db", incident_db, "--json", *args).stdout)
+        assert rep["gpus"] and mismatches(rep, Report) == [], args
+    nobody = json.loads(run("diagnose", "nobody", "--db", incident_db, "--json").stdout)
+    assert nobody["window"] is None and mismatches(nobody, Report) == []
+    assert mismatches(unknown_report(HOST, "the agent refused"), Report) == []
+
+
+def test_the_reports_alerts_are_the_alerts_own_json():
+    """The report's ``alerts`` carry what ``Alert.as_dict`` writes for the webhook sink, key for
+    key and in its order (the report builds them typed; this holds the two together)."""
+    a = Alert(name="GpuPcieSaturated", severity="warning", labels={"hostname": HOST, "gpu": "0", "uuid": "GPU-0"},
+              state="firing", active_since=10.0, last_eval=70.0, summary="s", description="d", runbook_url="u",
+              value=0.9, fired_at=40.0, resolved_at=None, id=3)
+    assert list(alert_record(a).items()) == list(a.as_dict().items())
 
 
 def test_every_gpu_rule_has_a_health_area_or_is_usage():

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from api_support import ServingAgent, get
 from conftest import H200_CAPTURE, H200_PHASES, phase
+from shape_support import mismatches
 from vllm_support import ServerThread, shared_dir
 
+from vgpumon.diagnose import Report
 from vgpumon.diagnose.stacks import dump
 from vgpumon.exporter.api import ApiConfig, is_loopback
 from vgpumon.sources.nvml.capture import ReplayBackend
@@ -50,6 +52,7 @@ def test_diagnose_reads_an_agent_replaying_the_h200(tmp_path):
     rep = json.loads(out.stdout)
     assert rep["status"] == "ok" and rep["source"] == {"kind": "agent", "where": f"127.0.0.1:{agent.port}"}
     assert rep["host"] == "h200-agent" and rep["freshness"]["agent"]["last_tick_age_seconds"] is not None
+    assert mismatches(rep, Report) == []  # the agent's additions (its clock, the source) are declared too
     (gpu,) = rep["gpus"]
     assert gpu["name"] == "NVIDIA H200"
     (trend,) = rep["trends"]["gpus"]
@@ -188,6 +191,7 @@ def test_vllm_servers_their_gpus_processes_and_stacks(tmp_path):
     assert proc["pid"] == stand_in.pid and proc["gpu"] == 0 and proc["username"] and proc["used_gpu_memory_bytes"] > 0
     (stack,) = server["stacks"]
     assert stack["pid"] == stand_in.pid and "<module>" in stack.get("text", stack.get("error", "")), stack
+    assert mismatches(rep, Report) == []  # stacks, owners: what only the agent adds is declared too
     assert "vLLM servers" in text.stdout and fake.url.split("//")[1] in text.stdout and "tiny" in text.stdout
 
 

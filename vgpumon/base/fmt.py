@@ -5,6 +5,7 @@ tables) is ``vgpumon.catalogue.fmt``, built on the field catalogue."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import overload
 
 
 def gb(value: float | None) -> str:
@@ -30,6 +31,19 @@ def duration(seconds: float | None) -> str:
     if seconds < 3 * 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.0f} days"
+
+
+# a time in gives a text out: reports type their timestamps as ``str`` where one is always known
+@overload
+def iso(ts: float) -> str: ...
+
+
+@overload
+def iso(ts: None) -> None: ...
+
+
+@overload
+def iso(ts: float | None) -> str | None: ...
 
 
 def iso(ts: float | None) -> str | None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import html
 from pathlib import Path
-from typing import Any
 
 from vgpumon.base.errors import ExitCode, VgpumonError
+from vgpumon.capacity.schema import Point, Review, Series
 
 
 class PlotlyMissingError(VgpumonError):
@@ -22,11 +22,16 @@ class PlotlyMissingError(VgpumonError):
     exit_code = ExitCode.UNAVAILABLE
 
 
-def _times(points: list[list[float]] | list[tuple[float, float]]) -> list[str]:
+def _times(points: list[Point]) -> list[str]:
     return [dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for t, _ in points]
 
 
-def write_html(review: dict[str, Any], path: Path) -> Path:
+def _directions(series: Series | None) -> list[tuple[str, list[Point]]]:
+    """``tx`` and ``rx`` with their points (none for a review built without ``series``)."""
+    return [("tx", series["tx"] if series else []), ("rx", series["rx"] if series else [])]
+
+
+def write_html(review: Review, path: Path) -> Path:
     """Write the review's plots to ``path`` (needs the review built with ``series=True``).
 
     Raises:
@@ -48,14 +53,12 @@ def write_html(review: dict[str, Any], path: Path) -> Path:
         over_time = go.Figure()
         for p in h["shared"]:
             cap = p["link_max"]["capacity_bytes_per_second"]
-            for d in ("tx", "rx"):
-                pts = p.get("series", {}).get(d, [])
+            for d, pts in _directions(p.get("series")):
                 over_time.add_trace(go.Scatter(x=_times(pts), y=[v / cap * 100 if cap else None for _, v in pts], mode="lines",
                                                name=f"{p['kind']} {p['port']} {d.upper()} (GPUs {', '.join(map(str, p['gpus']))})"))
         for g in h["gpus"]:
             cap = g["link_max"]["capacity_bytes_per_second"]
-            for d in ("tx", "rx"):
-                pts = g.get("series", {}).get(d, [])
+            for d, pts in _directions(g.get("series")):
                 over_time.add_trace(go.Scatter(x=_times(pts), y=[v / cap * 100 if cap else None for _, v in pts], mode="lines",
                                                name=f"GPU {g['index']} {d.upper()}", visible="legendonly"))
         over_time.add_hline(y=review["saturation_ratio"] * 100, line_dash="dash", annotation_text="saturated")

@@ -4,32 +4,31 @@ Values are printed by their catalogue entries (``vgpumon.catalogue.fmt``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from vgpumon import catalogue
-from vgpumon.rules.core import duration
+from vgpumon.base.fmt import duration
+from vgpumon.capacity.schema import GpuDirection, HostReview, Link, Review
 
 
-def _rate(value: Any) -> str:
+def _rate(value: float | None) -> str:
     return catalogue.fmt(("gpu_samples", "pcie_rx_bytes_per_second"), value, "n/a")
 
 
-def _pct(value: Any) -> str:
+def _pct(value: float | None) -> str:
     return catalogue.fmt(("gpu_samples", "sm_active_ratio"), value, "n/a")
 
 
-def _link(link: dict[str, Any]) -> str:
+def _link(link: Link) -> str:
     return f"Gen{link['generation'] or '?'} x{link['width'] or '?'}"
 
 
-def _quartet(d: dict[str, Any]) -> str:
+def _quartet(d: GpuDirection) -> str:
     """p50 / p95 / p99 / max, the unit written once when all four share it."""
-    parts = [_rate(d[f"{s}_bytes_per_second"]) for s in ("p50", "p95", "p99", "max")]
+    parts = [_rate(v) for v in (d["p50_bytes_per_second"], d["p95_bytes_per_second"], d["p99_bytes_per_second"], d["max_bytes_per_second"])]
     units = {p.rsplit(" ", 1)[-1] for p in parts if " " in p and not p.startswith("N/A")}
     if len(units) == 1 and all(not p.startswith("N/A") for p in parts):
         unit = units.pop()
@@ -37,7 +36,7 @@ def _quartet(d: dict[str, Any]) -> str:
     return " / ".join(parts)
 
 
-def print_review(review: dict[str, Any], out: Console) -> None:
+def print_review(review: Review, out: Console) -> None:
     """Print the review on ``out``."""
     for h in review["hosts"]:
         _host(h, review, out)
@@ -45,7 +44,7 @@ def print_review(review: dict[str, Any], out: Console) -> None:
         out.print(Text(f"{name}: not in the store", style="magenta"))
 
 
-def _host(h: dict[str, Any], review: dict[str, Any], out: Console) -> None:
+def _host(h: HostReview, review: Review, out: Console) -> None:
     head = Text(f"{h['host']}", style="bold")
     w = h["window"]
     if w is None:

@@ -23,13 +23,28 @@ How the figures are made (docs/capacity.md):
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
+from vgpumon.capacity.schema import (
+    GpuCapacity,
+    GpuDirection,
+    HostReview,
+    LinkState,
+    Point,
+    Review,
+    SharedDirection,
+    SharedPort,
+    WindowStats,
+)
 from vgpumon.store import Store
 from vgpumon.store.rollup import percentile
 from vgpumon.store.tables import decode_rollup
+
+if TYPE_CHECKING:
+    from vgpumon.model import GpuIdentity, PcieHop
+    from vgpumon.store import StoredGpu
 
 DIRECTIONS = ("tx", "rx")
 #: Quantile of the window taken of each per-minute statistic (``max`` is the largest).
@@ -46,19 +61,25 @@ def _col(direction: str, stat: str) -> str:
 COL = {(d, s): _col(d, s) for d in DIRECTIONS for s in STATS}
 COLUMNS = tuple(COL.values()) + _LINK
 
+#: Per-minute columns as ``rollup_columns`` gives them: column → the minute values, oldest first
+#: (stored integers, ``None`` where NULL; ``ts``, epoch ms, never is).
+Minutes = Mapping[str, Sequence[int | None]]
 
-def _window_stats(per_minute: dict[str, Any], direction: str) -> dict[str, float | None]:
+
+def _window_stats(per_minute: Minutes, direction: str) -> WindowStats:
     """Window figures of one direction from its per-minute stored values (``rollup_columns``),
     decoded at the end."""
-    out: dict[str, float | None] = {}
-    for stat, q in STATS.items():
+
+    def one(stat: str) -> float | None:
+        q = STATS[stat]
         values = sorted([v for v in per_minute.get(COL[direction, stat], ()) if v is not None])
         if not values:
-            out[stat] = None
-            continue
+            return None
         raw = values[-1] if q is None else percentile(values, q)
-        out[stat] = decode_rollup(COL[direction, stat], raw)
-    return out
+        value: float | None = decode_rollup(COL[direction, stat], raw)
+        return value
+
+    return {"p50": one("p50"), "p95": one("p95"), "p99": one("p99"), "max": one("max")}
 
 
 def _link_text(gen: int | None, width: int | None) -> str:
@@ -69,7 +90,7 @@ def _share(value: float | None, capacity: float | None) -> float | None:
     return None if value is None or not capacity else value / capacity
 
 
-def _downsample(points: list[tuple[float, float]], n: int = SERIES_POINTS) -> list[tuple[float, float]]:
+def _downsample(points: list[Point], n: int = SERIES_POINTS) -> list[Point]:
     """At most ``n`` points: means of consecutive runs (the plot's resolution, not the review's)."""
     if len(points) <= n:
         return points
@@ -77,10 +98,12 @@ def _downsample(points: list[tuple[float, float]], n: int = SERIES_POINTS) -> li
     return [(points[i][0], sum(v for _, v in points[i:i + size]) / len(points[i:i + size])) for i in range(0, len(points), size)]
 
 
-def _series(cols: dict[str, Any], direction: str) -> list[tuple[float, float]]:
+def _series(cols: Minutes, direction: str) -> list[Point]:
     """p95 per minute of one direction as ``(epoch seconds, bytes/s)``, for the plots."""
     col = COL[direction, "p95"]
-    return _downsample([(t / 1000.0, decode_rollup(col, v)) for t, v in zip(cols.get("ts", ()), cols.get(col, ())) if v is not None])
+    # (``ts`` is the rollups' key: never NULL)
+    return _downsample([(t / 1000.0, decode_rollup(col, v)) for t, v in zip(cols.get("ts", ()), cols.get(col, ()))
+                        if v is not None and t is not None])
 
 
 def review_host(
@@ -91,7 +114,7 @@ def review_host(
     add_cards: int = 2,
     saturation_ratio: float = 0.8,
     series: bool = False,
-) -> dict[str, Any]:
+) -> HostReview:
     """The capacity review of one host.
 
     Args:
@@ -104,13 +127,14 @@ def review_host(
         series: also return per-minute series for plots (``gpus[].series``, ``shared[].series``).
 
     Returns:
-        ``{"host", "window", "minutes", "gpus": [...], "shared": [...], "saturated": [port, ...],
-        "note"}`` (keys in docs/capacity.md); values in base units, ``None`` where unknown.
+        The ``HostReview`` (``vgpumon.capacity.schema``): ``host``, ``window``, ``minutes``,
+        ``gpus``, ``shared``, ``saturated`` (ports), ``note``; values in base units, ``None``
+        where unknown.
 
     Raises:
         StoreUnavailableError: the store cannot be read.
     """
-    out: dict[str, Any] = {"host": hostname, "window": None, "minutes": 0, "gpus": [], "shared": [], "saturated": [], "note": None}
+    out: HostReview = {"host": hostname, "window": None, "minutes": 0, "gpus": [], "shared": [], "saturated": [], "note": None}
     gpus = store.gpus_of(hostname)
     if not gpus:
         out["note"] = "host not in the store"
@@ -135,27 +159,24 @@ def review_host(
         neg_gen, neg_width = (max(gens) if gens else None), (max(widths) if widths else None)
         cap_max = link_capacity_bytes_per_second(ident.pcie_link_gen_max, ident.pcie_link_width_max)
         cap_neg = link_capacity_bytes_per_second(neg_gen, neg_width)
-        entry: dict[str, Any] = {
+
+        entry: GpuCapacity = {
             "index": ident.index, "uuid": ident.uuid, "name": ident.name, "pci_bus_id": ident.pci_bus_id,
             "minutes": len(c["ts"]),
             "link_max": {"generation": ident.pcie_link_gen_max, "width": ident.pcie_link_width_max, "capacity_bytes_per_second": cap_max},
             "link_negotiated": {"generation": neg_gen, "width": neg_width, "capacity_bytes_per_second": cap_neg},
             "gpu_max_generation": ident.pcie_link_gen_gpu_max,
             "link_state": _link_state(ident, neg_gen, neg_width),
+            "tx": _card(c, "tx", cap_max, cap_neg),
+            "rx": _card(c, "rx", cap_max, cap_neg),
         }
-        for d in DIRECTIONS:
-            stats = _window_stats(c, d)
-            entry[d] = {**{f"{s}_bytes_per_second": v for s, v in stats.items()},
-                        "p95_share_of_max_link": _share(stats["p95"], cap_max),
-                        "p95_share_of_negotiated_link": _share(stats["p95"], cap_neg),
-                        "max_share_of_max_link": _share(stats["max"], cap_max)}
         if series:
-            entry["series"] = {d: _series(c, d) for d in DIRECTIONS}
+            entry["series"] = {"tx": _series(c, "tx"), "rx": _series(c, "rx")}
         out["gpus"].append(entry)
         by_uuid[ident.uuid] = g
 
     topology = store.topology(hostname)
-    summed: dict[frozenset[int], dict[str, Any]] = {}  # a switch's uplink and its root port share their cards
+    summed: dict[frozenset[int], Minutes] = {}  # a switch's uplink and its root port share their cards
     for bdf, uuids in sorted(topology.shared().items()):
         hop = topology.hop(bdf)
         if hop is None or hop.kind == "host_bridge":
@@ -164,16 +185,26 @@ def review_host(
         key = frozenset(g.id for g in members)
         if key not in summed:
             summed[key] = _sum_minutes([cols[g.id] for g in members])
-        entry = _shared(hop, members, summed[key], add_cards=add_cards, saturation_ratio=saturation_ratio, series=series)
-        out["shared"].append(entry)
-        if entry["saturated"]:
+        port = _shared(hop, members, summed[key], add_cards=add_cards, saturation_ratio=saturation_ratio, series=series)
+        out["shared"].append(port)
+        if port["saturated"]:
             out["saturated"].append(bdf)
     if not topology.hops:
         out["note"] = "no PCIe topology stored for this host (the agent reads it from sysfs at start): shared links unknown"
     return out
 
 
-def _sum_minutes(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _card(minutes: Minutes, direction: str, cap_max: float | None, cap_neg: float | None) -> GpuDirection:
+    """One card's window figures of one direction against its max and negotiated links."""
+    stats = _window_stats(minutes, direction)
+    return {"p50_bytes_per_second": stats["p50"], "p95_bytes_per_second": stats["p95"],
+            "p99_bytes_per_second": stats["p99"], "max_bytes_per_second": stats["max"],
+            "p95_share_of_max_link": _share(stats["p95"], cap_max),
+            "p95_share_of_negotiated_link": _share(stats["p95"], cap_neg),
+            "max_share_of_max_link": _share(stats["max"], cap_max)}
+
+
+def _sum_minutes(cards: Sequence[Minutes]) -> Minutes:
     """Per minute, each PCIe statistic summed over the cards (a card without a row that minute, or
     with NULL, adds nothing; a minute where every value is NULL stays NULL). The cards' minutes
     are nearly always the same (one rollup job, one tick clock): then the columns add up
@@ -183,7 +214,7 @@ def _sum_minutes(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {}
     names = tuple(COL.values())
     if all(c["ts"] == cards[0]["ts"] for c in cards):
-        out: dict[str, Any] = {"ts": cards[0]["ts"]}
+        out: dict[str, Sequence[int | None]] = {"ts": cards[0]["ts"]}
         for n in names:
             columns = [c[n] for c in cards]
             if not any(None in col for col in columns):  # the common case, summed in C
@@ -191,22 +222,24 @@ def _sum_minutes(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
             else:
                 out[n] = [None if all(v is None for v in vs) else sum(v for v in vs if v is not None) for vs in zip(*columns)]
         return out
-    acc: dict[int, dict[str, Any]] = {}
+    acc: dict[int, dict[str, int | None]] = {}  # minute → column → the sum so far
     for c in cards:
         for i, t in enumerate(c["ts"]):
+            assert t is not None  # the rollups' key
             row = acc.setdefault(t, dict.fromkeys(names))
             for n in names:
-                v = c[n][i]
+                v, so_far = c[n][i], row[n]
                 if v is not None:
-                    row[n] = v if row[n] is None else row[n] + v
+                    row[n] = v if so_far is None else so_far + v
     minutes = sorted(acc)
     return {"ts": minutes, **{n: [acc[t][n] for t in minutes] for n in names}}
 
 
-def _link_state(ident: Any, gen: int | None, width: int | None) -> dict[str, Any]:
+def _link_state(ident: GpuIdentity, gen: int | None, width: int | None) -> LinkState:
     """The negotiated link against the max: ``at max``, ``below max`` (down-trained under load:
     a riser, a dirty contact, a BIOS setting) or unknown; and whether the slot holds the card back."""
     max_gen, max_width = ident.pcie_link_gen_max, ident.pcie_link_width_max
+    state: Literal["unknown", "below_max", "at_max"]
     if gen is None or width is None or max_gen is None or max_width is None:
         state, text = "unknown", "current or max link not reported"
     elif gen < max_gen or width < max_width:
@@ -219,42 +252,48 @@ def _link_state(ident: Any, gen: int | None, width: int | None) -> dict[str, Any
     return {"state": state, "text": text, "slot": slot}
 
 
-def _shared(hop: Any, members: Sequence[Any], sums: dict[str, Any], *, add_cards: int, saturation_ratio: float,
-            series: bool) -> dict[str, Any]:
+def _shared(hop: PcieHop, members: Sequence[StoredGpu], sums: Minutes, *, add_cards: int, saturation_ratio: float,
+            series: bool) -> SharedPort:
     """One shared switch or root port: its cards' per-minute summed load against its link."""
     cap = link_capacity_bytes_per_second(hop.link_gen_max, hop.link_width_max)
     n = len(members)
-    entry: dict[str, Any] = {
-        "port": hop.bdf, "kind": hop.kind,
-        "link_max": {"generation": hop.link_gen_max, "width": hop.link_width_max, "capacity_bytes_per_second": cap},
-        "link_current": {"generation": hop.link_gen_current, "width": hop.link_width_current},
-        "gpus": sorted(g.identity.index for g in members), "cards": n,
-    }
-    worst_share, worst_card = None, None
+    worst_share: float | None = None
+    worst_card: float | None = None
+    directions: dict[str, SharedDirection] = {}
     for d in DIRECTIONS:
         stats = _window_stats(sums, d)
         p95 = stats["p95"]
         per_card = None if p95 is None or not n else p95 / n
-        entry[d] = {**{f"{s}_bytes_per_second": v for s, v in stats.items()},
-                    "p95_share": _share(p95, cap), "per_card_p95_bytes_per_second": per_card}
+        directions[d] = {"p50_bytes_per_second": stats["p50"], "p95_bytes_per_second": p95,
+                         "p99_bytes_per_second": stats["p99"], "max_bytes_per_second": stats["max"],
+                         "p95_share": _share(p95, cap), "per_card_p95_bytes_per_second": per_card}
         share = _share(p95, cap)
         if share is not None and (worst_share is None or share > worst_share):
             worst_share, worst_card = share, per_card
-    entry["p95_share"] = worst_share
-    entry["saturated"] = worst_share is not None and worst_share >= saturation_ratio
-    entry["saturation_ratio"] = saturation_ratio
-    entry["projections"] = [
-        {"add": k, "p95_share": None if worst_share is None or not n else worst_share * (n + k) / n}
-        for k in range(1, add_cards + 1)
-    ]
+    headroom: int | None
     if worst_card is None or cap is None:
-        entry["headroom_cards"] = None
+        headroom = None
     elif worst_card <= 0:
-        entry["headroom_cards"] = None  # the cards carry nothing: the load gives no bound
+        headroom = None  # the cards carry nothing: the load gives no bound
     else:
-        entry["headroom_cards"] = max(0, math.floor(saturation_ratio * cap / worst_card + 1e-9) - n)
+        headroom = max(0, math.floor(saturation_ratio * cap / worst_card + 1e-9) - n)
+    entry: SharedPort = {
+        "port": hop.bdf, "kind": hop.kind,
+        "link_max": {"generation": hop.link_gen_max, "width": hop.link_width_max, "capacity_bytes_per_second": cap},
+        "link_current": {"generation": hop.link_gen_current, "width": hop.link_width_current},
+        "gpus": sorted(g.identity.index for g in members), "cards": n,
+        "tx": directions["tx"], "rx": directions["rx"],
+        "p95_share": worst_share,
+        "saturated": worst_share is not None and worst_share >= saturation_ratio,
+        "saturation_ratio": saturation_ratio,
+        "projections": [
+            {"add": k, "p95_share": None if worst_share is None or not n else worst_share * (n + k) / n}
+            for k in range(1, add_cards + 1)
+        ],
+        "headroom_cards": headroom,
+    }
     if series:
-        entry["series"] = {d: _series(sums, d) for d in DIRECTIONS}
+        entry["series"] = {"tx": _series(sums, "tx"), "rx": _series(sums, "rx")}
     return entry
 
 
@@ -266,23 +305,23 @@ def review(
     add_cards: int = 2,
     saturation_ratio: float = 0.8,
     series: bool = False,
-    progress: Any = None,
-) -> dict[str, Any]:
+    progress: Callable[[str], object] | None = None,
+) -> Review:
     """The capacity review of several hosts (every host in the store when ``hosts`` is empty).
 
     Args:
         progress: called with each host name after its review (a progress bar).
 
     Returns:
-        ``{"window_seconds", "add_cards", "saturation_ratio", "hosts": [review_host, ...],
-        "unknown_hosts": [...]}``.
+        The ``Review``: ``window_seconds``, ``add_cards``, ``saturation_ratio``, ``hosts`` (each
+        ``review_host``'s), ``unknown_hosts``.
     """
     known = store.hostnames()
     wanted = list(hosts) if hosts else known
-    out: dict[str, Any] = {"window_seconds": window_seconds, "add_cards": add_cards, "saturation_ratio": saturation_ratio,
+    out: Review = {"window_seconds": window_seconds, "add_cards": add_cards, "saturation_ratio": saturation_ratio,
                            "hosts": [], "unknown_hosts": [h for h in wanted if h not in known]}
 
-    def one(h: str) -> dict[str, Any]:
+    def one(h: str) -> HostReview:
         result = review_host(store, h, window_seconds=window_seconds, add_cards=add_cards, saturation_ratio=saturation_ratio, series=series)
         if progress is not None:
             progress(h)

@@ -17,6 +17,7 @@ from vgpumon.cli.outcomes import _echo_err, _silence_stdout
 
 if TYPE_CHECKING:
     from vgpumon.config import Settings
+    from vgpumon.diagnose.schema import Report
 
 T = TypeVar("T")
 
@@ -129,12 +130,13 @@ def diagnose(
     from vgpumon.diagnose.render import console, print_diagnose
 
     name, port, _ = _target(host, settings.diagnose.port)
-    rep = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
-    if rep is None or rep.get("source", {}).get("kind") == "unreachable":
-        note = rep["source"]["note"] if rep is not None else None
-        rep = _report_from_store(settings, name, since, note=note, quiet=note is not None)
+    asked = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
+    if asked is None or isinstance(asked, str):  # --db, or the agent is unreachable (``asked`` says why)
+        rep = _report_from_store(settings, name, since, note=asked, quiet=asked is not None)
         if stacks:
             rep["stacks_note"] = "--stacks needs the host's agent; this report came from the store"
+    else:
+        rep = asked
     try:
         if as_json:
             typer.echo(json.dumps(rep, indent=2))
@@ -152,10 +154,10 @@ def _target(host: str, default_port: int) -> tuple[str, int, bool]:
     return parse_target(host, default_port)
 
 
-def _report_from_agent(settings: "Settings", host: str, port: int, since: Optional[str], stacks: bool) -> dict[str, Any]:
-    """The agent's report, or a stand-in saying why there is none: ``source.kind`` is ``agent``,
-    ``refused`` (it answered with an error: UNKNOWN, no fallback — the agent is up) or
-    ``unreachable`` (the caller falls back to the store)."""
+def _report_from_agent(settings: "Settings", host: str, port: int, since: Optional[str], stacks: bool) -> "Report | str":
+    """The agent's report (``source.kind`` ``agent``), a stand-in saying why there is none
+    (``refused``: it answered with an error: UNKNOWN, no fallback — the agent is up), or, when
+    the agent is unreachable, the note saying so (the caller falls back to the store)."""
     from vgpumon.config import format_duration
     from vgpumon.diagnose import resolve_host, unknown_report
     from vgpumon.diagnose.remote import AgentRefused, AgentUnreachable, fetch_report
@@ -174,12 +176,12 @@ def _report_from_agent(settings: "Settings", host: str, port: int, since: Option
         rep["source"] = {"kind": "refused", "where": where}
         return rep
     except AgentUnreachable as exc:
-        return {"source": {"kind": "unreachable", "where": where, "note": f"agent at {where} unreachable ({exc})"}}
+        return f"agent at {where} unreachable ({exc})"
     rep["source"] = {"kind": "agent", "where": where}
     return rep
 
 
-def _report_from_store(settings: "Settings", host: str, since: Optional[str], *, note: str | None, quiet: bool) -> dict[str, Any]:
+def _report_from_store(settings: "Settings", host: str, since: Optional[str], *, note: str | None, quiet: bool) -> "Report":
     """The report read from the store (``--db``, or the fallback for an unreachable agent).
 
     ``note`` (why the agent did not answer) goes into the report; ``quiet``: a store that cannot
@@ -198,7 +200,7 @@ def _report_from_store(settings: "Settings", host: str, since: Optional[str], *,
     lookback, moment = parse_since(since) if since else (None, None)
     where = describe_store(normalise_url(url))
 
-    def report() -> dict[str, Any]:
+    def report() -> "Report":
         store = Store(url, read_only=True, **_store_kwargs(settings, cap_s=d.timeout))
         try:
             rep = build_report(store, host, window_seconds=d.window, max_age_seconds=d.max_age, local_hostname=local,

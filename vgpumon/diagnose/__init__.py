@@ -10,23 +10,28 @@ observations of diagnose's own (``vgpumon.diagnose.findings``). The exit status 
 the worst severity among the firing alerts and those observations, UNKNOWN when nothing worse is
 known and the data is missing or stale.
 
-Modules: ``report`` (``build_report``), ``findings`` (findings and the verdict), ``gpus`` (the
-per-GPU figures and health areas), ``context`` (vLLM servers, processes, trends, freshness).
+Modules: ``schema`` (the report's shape: ``Report`` and its parts, TypedDicts), ``report``
+(``build_report``), ``findings`` (findings and the verdict), ``gpus`` (the per-GPU figures and
+health areas), ``context`` (vLLM servers, processes, trends, freshness).
 Decisions: docs/diagnose.md.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vgpumon.base.fmt import iso
 from vgpumon.diagnose.findings import SEVERITY_RANK
 from vgpumon.diagnose.report import SEVERITY_EXIT, build_report, exit_code, parse_since, resolve_host, unknown_report
+from vgpumon.diagnose.schema import Report
+
+if TYPE_CHECKING:  # what ``__getattr__`` loads, as the type checker sees it
+    from vgpumon.diagnose.gpus import CUMULATIVE, HEALTH_AREAS, LAST_COLUMNS, NOT_HEALTH, WINDOW_COLUMNS
 
 #: Names of ``vgpumon.diagnose.gpus``, loaded on first use: they need the store (SQLAlchemy),
 #: which a report fetched from the agent does not (``vgpumon diagnose HOST`` starts faster).
 _FROM_GPUS = frozenset({"CUMULATIVE", "HEALTH_AREAS", "LAST_COLUMNS", "NOT_HEALTH", "WINDOW_COLUMNS"})
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _FROM_GPUS:
         from vgpumon.diagnose import gpus
 
@@ -41,6 +46,7 @@ __all__ = [
     "HEALTH_AREAS",
     "LAST_COLUMNS",
     "NOT_HEALTH",
+    "Report",
     "SEVERITY_EXIT",
     "SEVERITY_RANK",
     "WINDOW_COLUMNS",

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
+from vgpumon.diagnose.schema import Freshness, GpuTrend, PciePeak, Process, SourceAge, Trends, VllmServer
 from vgpumon.rules.leak import theil_sen
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
@@ -31,11 +32,11 @@ _PCIE = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
 # -- vLLM -------------------------------------------------------------------------------------------
 
 
-def servers(store: Store, hostname: str, start: float, end: float, index_of: dict[str, int]) -> list[dict[str, Any]]:
+def servers(store: Store, hostname: str, start: float, end: float, index_of: dict[str, int]) -> list[VllmServer]:
     """The host's vLLM servers seen in ``[start, end]``: the newest start of each, its newest poll.
 
     Returns:
-        One dict per server (by URL), sorted by URL: ``url``, ``server`` (``host:port``, as the
+        One ``VllmServer`` per server (by URL), sorted by URL: ``url``, ``server`` (``host:port``, as the
         rules label it), ``model``, ``version``, ``pid``, ``state`` (newest poll, ``None`` without
         one), ``reason``, ``state_since`` (first poll of the current state run among the recent
         polls), ``ended``, ``prewarm_seconds``, ``prewarm_gpu_active_ratio``, ``running``,
@@ -47,13 +48,13 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
     from vgpumon.store.vllm_repository import VllmRepository
 
     repo = VllmRepository(store.engine)
-    newest: dict[str, dict[str, Any]] = {}
+    newest: dict[str, dict[str, Any]] = {}  # the store's rows
     for inst in repo.instances(hostname):
         if inst["first_seen"] > end or inst["last_seen"] < start:
             continue
         if inst["url"] not in newest or inst["first_seen"] >= newest[inst["url"]]["first_seen"]:
             newest[inst["url"]] = inst
-    out = []
+    out: list[VllmServer] = []
     for url, inst in sorted(newest.items()):
         polls = repo.samples(inst["id"], max(start, end - VLLM_RECENT_SECONDS), end)
         last = polls[-1] if polls else None
@@ -96,11 +97,11 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
 # -- processes --------------------------------------------------------------------------------------
 
 
-def processes(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *, top: int = TOP_PROCESSES) -> list[dict[str, Any]]:
+def processes(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *, top: int = TOP_PROCESSES) -> list[Process]:
     """The processes holding most GPU memory at the newest process sample of the window.
 
     Returns:
-        Up to ``top`` dicts, largest first: ``gpu`` (index), ``pid``, ``name``, ``cmdline``,
+        Up to ``top`` ``Process`` entries, largest first: ``gpu`` (index), ``pid``, ``name``, ``cmdline``,
         ``username`` (the owner), ``container_id`` (from the process's cgroup), ``pod`` (``None``
         here: Kubernetes owners are not stored; the agent's API adds them), ``used_gpu_memory_bytes``,
         ``rss_bytes``, ``resolved``, ``ts``.
@@ -125,7 +126,7 @@ def _buckets(t0: float, end: float, points: int) -> tuple[float, int]:
     return width, points
 
 
-def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *, points: int = TREND_POINTS) -> dict[str, Any]:
+def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *, points: int = TREND_POINTS) -> Trends:
     """Memory used and PCIe TX/RX p95 per GPU over ``[start, end]``, as ``points`` buckets.
 
     Looks back of at most ``RAW_TREND_MAX_SECONDS`` are read from raw rows: a bucket's memory is
@@ -155,7 +156,7 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
     firsts = [r[0]["ts"] for r in rows.values() if r]
     t0 = min(firsts) if firsts else start
     width, n = _buckets(t0, end, points)
-    out = []
+    out: list[GpuTrend] = []
     for g in gpus:
         mem: list[list[float]] = [[] for _ in range(n)]
         tx: list[list[float]] = [[] for _ in range(n)]
@@ -180,7 +181,7 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
         ys = [v for v in memory if v is not None]
         slope = theil_sen(xs, ys)[0] if len(ys) >= 3 else None
         cap = link_capacity_bytes_per_second(g.identity.pcie_link_gen_max, g.identity.pcie_link_width_max)
-        peak: dict[str, Any] | None = None
+        peak: PciePeak | None = None
         for direction, series in (("tx", tx95), ("rx", rx95)):
             for i, v in enumerate(series):
                 if v is not None and (peak is None or v > peak["bytes_per_second"]):
@@ -203,7 +204,7 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
 
 
 def freshness(store: Store, hostname: str, gpus: Sequence[StoredGpu], end: float, now: float,
-              vllm: Sequence[dict[str, Any]], max_age: float | None) -> dict[str, Any]:
+              vllm: Sequence[VllmServer], max_age: float | None) -> Freshness:
     """How old each source's newest data is, against ``now``.
 
     Returns:
@@ -213,7 +214,7 @@ def freshness(store: Store, hostname: str, gpus: Sequence[StoredGpu], end: float
         poll of any server in the report) and ``rollups`` (the oldest rollup watermark of the
         host's GPUs: minutes after it are not yet rolled up).
     """
-    def item(ts: float | None) -> dict[str, Any]:
+    def item(ts: float | None) -> SourceAge:
         return {"newest": iso(ts), "age_seconds": None if ts is None else max(0.0, now - ts)}
 
     host = store.newest_host_sample(hostname)

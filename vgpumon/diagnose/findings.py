@@ -2,7 +2,8 @@
 with its GPU, evidence, since when, what it means and the next step, most severe first; and the
 verdict made of them (pure data).
 
-A finding is a dict (JSON-able, ``docs/diagnose.md`` lists the keys). Where it comes from:
+A finding is a ``Finding`` (``vgpumon.diagnose.schema``: a TypedDict, JSON as it is). Where it
+comes from:
 
 * **Rules** (``Engine.evaluate_window``): each pending or firing alert. Meaning and next step are
   the first sentence of its runbook's meaning and action (``<gpu>`` filled in); an XID alert
@@ -21,14 +22,21 @@ that found it — "at least since", ``since_exact`` false.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from vgpumon.base.fmt import clock, duration, iso
 from vgpumon.catalogue.xid import describe as describe_xid
+from vgpumon.diagnose.schema import Finding, FindingXid, GpuRef, Status, Verdict
+
+if TYPE_CHECKING:
+    from vgpumon.model import Alert, GpuIdentity
+    from vgpumon.rules.core import Rule
 
 #: Severities from the worst; ``unknown`` ranks under ``warning``: a known problem is reported even
 #: when part of the data cannot be read (docs/diagnose.md, "Freshness").
 SEVERITY_RANK = {"critical": 4, "warning": 3, "unknown": 2, "info": 1, "ok": 0}
+#: The statuses a verdict can take above ``ok``, worst first.
+_WORST_FIRST: tuple[Status, ...] = ("critical", "warning", "unknown")
 #: Subjects whose alerts belong to one GPU.
 GPU_SUBJECTS = ("gpu", "gpu_process")
 XID_RULES = ("GpuXidCritical", "GpuXidWarning", "GpuXidOther")
@@ -36,16 +44,12 @@ XID_RULES = ("GpuXidCritical", "GpuXidWarning", "GpuXidOther")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")
 
 
-
-
-
-
 def first_sentence(text: str) -> str:
     """The first sentence of a runbook paragraph (a full stop inside backticks does not end it)."""
     return _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
 
 
-def gpu_ref(identity: Any) -> dict[str, Any]:
+def gpu_ref(identity: GpuIdentity) -> GpuRef:
     """A finding's GPU: index, UUID, serial, bus id and name (``None`` where not reported)."""
     return {
         "index": identity.index,
@@ -56,8 +60,8 @@ def gpu_ref(identity: Any) -> dict[str, Any]:
     }
 
 
-def _xid_table(codes: Mapping[int, list[float]]) -> list[dict[str, Any]]:
-    out = []
+def _xid_table(codes: Mapping[int, list[float]]) -> list[FindingXid]:
+    out: list[FindingXid] = []
     for code, times in sorted(codes.items()):
         x = describe_xid(code)
         out.append({
@@ -69,14 +73,14 @@ def _xid_table(codes: Mapping[int, list[float]]) -> list[dict[str, Any]]:
 
 
 def from_alert(
-    alert: Any,
-    rule: Any,
-    gpu: Any | None,
+    alert: Alert,
+    rule: Rule,
+    gpu: GpuIdentity | None,
     *,
     stored_since: float | None = None,
     xid_times: Mapping[int, list[float]] | None = None,
     down_since: float | None = None,
-) -> dict[str, Any]:
+) -> Finding:
     """A report finding of one pending or firing alert.
 
     Args:
@@ -128,8 +132,8 @@ def from_alert(
     }
 
 
-def own(severity: str, message: str, *, gpu: Any | None = None, since: float | None = None, meaning: str | None = None,
-        next_step: str | None = None, kind: str) -> dict[str, Any]:
+def own(severity: str, message: str, *, gpu: GpuIdentity | None = None, since: float | None = None, meaning: str | None = None,
+        next_step: str | None = None, kind: str) -> Finding:
     """A finding diagnose makes itself (not a rule's alert); ``kind`` names it in JSON."""
     return {
         "severity": severity,
@@ -151,7 +155,7 @@ def own(severity: str, message: str, *, gpu: Any | None = None, since: float | N
     }
 
 
-def unreadable_now(gpu: Any, since: float, reason: str, at: float) -> dict[str, Any]:
+def unreadable_now(gpu: GpuIdentity, since: float, reason: str, at: float) -> Finding:
     """A GPU unreadable at the window's end that ``GpuLost`` does not cover yet (a wedged call, a
     reset under way): a warning, with the NVML source's reason."""
     return own(
@@ -163,17 +167,18 @@ def unreadable_now(gpu: Any, since: float, reason: str, at: float) -> dict[str, 
     )
 
 
-def order(findings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def order(findings: Iterable[Finding]) -> list[Finding]:
     """Most severe first; firing before pending; then by GPU index, then by alert name."""
 
-    def key(f: dict[str, Any]) -> tuple[Any, ...]:
-        gpu = f.get("gpu") or {}
-        return (-SEVERITY_RANK[f["severity"]], f.get("state") != "firing", gpu.get("index", 10**6), f.get("alert") or "", f["message"])
+    def key(f: Finding) -> tuple[int, bool, int, str, str]:
+        gpu = f.get("gpu")
+        return (-SEVERITY_RANK[f["severity"]], f.get("state") != "firing", 10**6 if gpu is None else gpu["index"],
+                f.get("alert") or "", f["message"])
 
     return sorted(findings, key=key)
 
 
-def verdict(findings: Sequence[dict[str, Any]], *, top: int = 3) -> dict[str, Any]:
+def verdict(findings: Sequence[Finding], *, top: int = 3) -> Verdict:
     """The report's verdict: OK, WARNING, CRITICAL or UNKNOWN, and the top reasons.
 
     The worst severity of the findings decides, ranked critical > warning > unknown > ok: a known
@@ -188,7 +193,7 @@ def verdict(findings: Sequence[dict[str, Any]], *, top: int = 3) -> dict[str, An
     counts: dict[str, int] = {}
     for f in findings:
         counts[f["severity"]] = counts.get(f["severity"], 0) + 1
-    status = next((s for s in ("critical", "warning", "unknown") if counts.get(s)), "ok")
+    status: Status = next((s for s in _WORST_FIRST if counts.get(s)), "ok")
     floor = SEVERITY_RANK["warning"] if status in ("critical", "warning") else SEVERITY_RANK[status]
     reasons = [f for f in order(findings) if SEVERITY_RANK[f["severity"]] >= floor][:top] if status != "ok" else []
     return {"status": status, "counts": counts, "reasons": reasons}

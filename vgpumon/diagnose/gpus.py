@@ -7,10 +7,12 @@ Values are in base units; ``None`` where unknown, with the reason under the GPU'
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from vgpumon import catalogue
 from vgpumon.base.pcie import link_capacity_bytes_per_second
+from vgpumon.diagnose.schema import AreaHealth, Ecc, GpuBlock, GpuPcie, HealthStatus, PcieDirection, PcieHopEntry
+from vgpumon.model import PcieTopology
 from vgpumon.store import Store, StoredGpu
 
 _REPORTED = catalogue.fields_of("gpu_samples")
@@ -46,9 +48,9 @@ def rejected_reason(item: tuple[int, str] | None) -> str | None:
     return f"reported impossible values {count} times ({reason})"
 
 
-def pcie_path(topology: Any, uuid: str, index_of: dict[str, int]) -> list[dict[str, Any]]:
+def pcie_path(topology: PcieTopology, uuid: str, index_of: Mapping[str, int]) -> list[PcieHopEntry]:
     """The GPU's PCIe path (GPU first) with, per upstream hop, the other GPUs that share it."""
-    out = []
+    out: list[PcieHopEntry] = []
     for hop in topology.path(uuid):
         others = [index_of[u] for u in topology.gpus_below(hop.bdf) if u != uuid and u in index_of]
         out.append(
@@ -69,14 +71,17 @@ def gpu_block(
     gpu: StoredGpu,
     start: float,
     end: float,
-    agg: dict[str, Any],
+    agg: Mapping[str, float | None],
     *,
-    topology: Any = None,
-    index_of: dict[str, int] | None = None,
-    rejected: dict[str, tuple[int, str]] | None = None,
+    topology: PcieTopology | None = None,
+    index_of: Mapping[str, int] | None = None,
+    rejected: Mapping[str, tuple[int, str]] | None = None,
     down: tuple[float, str] | None = None,
-    last: dict[str, tuple[float, Any] | None] | None = None,
-) -> dict[str, Any]:
+    last: Mapping[str, tuple[float, float | None] | None] | None = None,
+    xid_counts: dict[str, int] | None = None,
+    rules_unknown: dict[str, str] | None = None,
+    areas: dict[str, AreaHealth] | None = None,
+) -> GpuBlock:
     """One GPU's block of the report.
 
     Args:
@@ -89,18 +94,22 @@ def gpu_block(
         rejected: field → (count, reason) of values refused at the door in the window.
         down: ``(since, reason)`` when the GPU is unreadable at ``end``.
         last: its ``last_values`` of ``LAST_COLUMNS`` at ``end`` (read here when ``None``).
+        xid_counts: XID code (as text) → its events on this GPU in the window.
+        rules_unknown: rule → why it could not judge this GPU.
+        areas: its health per area (``health``).
 
     Returns:
-        A JSON-able dict (keys in docs/diagnose.md); ``findings``, ``rules_unknown`` and
-        ``health`` are filled in by the caller.
+        The ``GpuBlock`` (JSON as it is); ``findings`` is filled in by the caller once the
+        report's findings are ordered.
     """
     g = gpu.identity
     last = last if last is not None else store.last_values(gpu.id, end, LAST_COLUMNS)
-    n = agg["samples"] or 0
+    # counts of rows: the store gives integers (int() only tells the type checker so)
+    n = int(agg["samples"] or 0)
     no_data = "no samples in window" if n == 0 else "not reported by this GPU in the window"
     rejected = rejected or {}
 
-    def lv(name: str) -> Any:
+    def lv(name: str) -> float | None:
         # Cumulative counters (ECC, remapped rows, replays) are read by the slow set only every
         # few ticks: their newest reading up to the window's end is the current count even when
         # it is older than the window's start. Gauges must fall inside the window.
@@ -111,7 +120,11 @@ def gpu_block(
 
     unknown: dict[str, str] = {}
 
-    def stat(name: str, kind: str, reason: str | None = None) -> Any:
+    def flag(name: str) -> bool | None:
+        value = lv(name)
+        return None if value is None else bool(value)  # a Boolean column: bool already
+
+    def stat(name: str, kind: str, reason: str | None = None) -> float | None:
         value = agg.get(f"{name}_{kind}")
         if value is None:
             unknown[f"{name}.{kind}"] = reason or rejected_reason(rejected.get(name)) or no_data
@@ -121,33 +134,40 @@ def gpu_block(
     no_gpm = "no GPM on this GPU"
     sm_reason = None if g.gpm_supported else no_gpm
     capacity = link_capacity_bytes_per_second(g.pcie_link_gen_max, g.pcie_link_width_max)
-    pcie: dict[str, Any] = {
-        "link_max": {"generation": g.pcie_link_gen_max, "width": g.pcie_link_width_max, "capacity_bytes_per_second": capacity},
-        "link_current": {"generation": lv("pcie_link_gen_current"), "width": lv("pcie_link_width_current")},
-        "gpu_max_generation": g.pcie_link_gen_gpu_max,
-        "path": pcie_path(topology, g.uuid, index_of or {}) if topology is not None else [],
-    }
-    for direction in ("tx", "rx"):
-        col = f"pcie_{direction}_bytes_per_second"
+
+    def direction(name: str) -> PcieDirection:
+        col = f"pcie_{name}_bytes_per_second"
         reason = None if g.gpm_supported else no_gpm
         mean, mx = stat(col, "mean", reason), stat(col, "max", reason)
-        pcie[direction] = {
+        return {
             "mean_bytes_per_second": mean,
             "max_bytes_per_second": mx,
             "mean_share_of_max_link": None if mean is None or not capacity else mean / capacity,
             "max_share_of_max_link": None if mx is None or not capacity else mx / capacity,
         }
+
+    path = pcie_path(topology, g.uuid, index_of or {}) if topology is not None else []
+    tx = direction("tx")  # tx before rx: the order of their reasons under ``unknown``
+    rx = direction("rx")
+    pcie: GpuPcie = {
+        "link_max": {"generation": g.pcie_link_gen_max, "width": g.pcie_link_width_max, "capacity_bytes_per_second": capacity},
+        "link_current": {"generation": _int(lv("pcie_link_gen_current")), "width": _int(lv("pcie_link_width_current"))},
+        "gpu_max_generation": g.pcie_link_gen_gpu_max,
+        "path": path,
+        "tx": tx,
+        "rx": rx,
+    }
     if capacity is None:
         unknown["pcie.link_max"] = "max link generation/width not reported"
 
-    ecc = {
+    ecc: Ecc = {
         "corrected_volatile": lv("ecc_corrected_volatile_total"),
         "uncorrected_volatile": lv("ecc_uncorrected_volatile_total"),
         "corrected_aggregate": lv("ecc_corrected_aggregate_total"),
         "uncorrected_aggregate": lv("ecc_uncorrected_aggregate_total"),
     }
-    for k, v in ecc.items():
-        if v is None:
+    for k in ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate", "uncorrected_aggregate"):
+        if ecc[k] is None:
             unknown[f"ecc.{k}"] = rejected_reason(rejected.get(f"ecc_{k}_total")) or (
                 "ECC not reported (disabled or not supported)" if n else no_data
             )
@@ -159,7 +179,7 @@ def gpu_block(
         "serial": g.serial,
         "pci_bus_id": g.pci_bus_id,
         "samples": n,
-        "up_samples": agg["up_samples"] or 0,
+        "up_samples": int(agg["up_samples"] or 0),
         "readable": {
             "now": down is None and n > 0,
             "since": down[0] if down else None,
@@ -191,16 +211,25 @@ def gpu_block(
         "sm_clock": {"mean_hertz": stat("sm_clock_hertz", "mean"), "max_hertz": stat("sm_clock_hertz", "max")},
         "remapped_rows": {
             "uncorrectable": lv("remapped_rows_uncorrectable_total"),
-            "pending": lv("remapped_rows_pending"),
-            "failure": lv("remapped_rows_failure"),
+            "pending": flag("remapped_rows_pending"),
+            "failure": flag("remapped_rows_failure"),
         },
         "rejected": {k: {"count": c, "reason": r} for k, (c, r) in sorted(rejected.items())},
         "findings": [],
         "unknown": unknown,
+        "xid_counts": xid_counts if xid_counts is not None else {},
+        "rules_unknown": rules_unknown if rules_unknown is not None else {},
+        "health": areas if areas is not None else {},
     }
 
 
-def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def _int(value: float | None) -> int | None:
+    """A stored integer column's value (the link generation and width) as the type checker
+    knows it; the store gives an ``int`` already."""
+    return None if value is None else int(value)
+
+
+def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Mapping[str, str]) -> dict[str, AreaHealth]:
     """Health per area of one GPU, as DCGM's health watches report it.
 
     Args:
@@ -215,10 +244,11 @@ def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Ma
         is pending, PASS when no rule fires and at least one judged the GPU ok, UNKNOWN when
         every rule of the area lacks its inputs (the reason is the first one's).
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, AreaHealth] = {}
     for area, rules in HEALTH_AREAS.items():
         here = {r: states[r] for r in rules if r in states}
         firing = [r for r, s in here.items() if s == "firing" and severities.get(r) != "info"]
+        status: HealthStatus
         if any(severities.get(r) == "critical" for r in firing):
             status = "FAIL"
         elif firing or any(s == "pending" for s in here.values()):

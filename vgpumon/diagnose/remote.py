@@ -17,9 +17,10 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import cast
 
 from vgpumon.base.errors import UsageError
+from vgpumon.diagnose.schema import Report
 
 _TARGET = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]/\s]+))(?::(?P<port>\d{1,5}))?$")
 
@@ -70,7 +71,7 @@ def fetch_report(
     since: str | None = None,
     max_age: str | None = None,
     stacks: bool = False,
-) -> dict[str, Any]:
+) -> Report:
     """The agent's ``/api/v1/diagnose`` report.
 
     Args:
@@ -82,7 +83,10 @@ def fetch_report(
         stacks: ask for py-spy dumps of the host's vLLM servers.
 
     Returns:
-        The report (the same data ``build_report`` returns on the agent's side).
+        The report (the same data ``build_report`` returns on the agent's side), taken as a
+        ``Report`` once it is a JSON object with ``status`` and ``host``: the agent is vgpumon
+        (of its own version or another), and the renderer reads what an older agent left out
+        with ``.get``.
 
     Raises:
         AgentUnreachable: nothing answered (connection refused, unknown name, timeout).
@@ -105,12 +109,12 @@ def fetch_report(
         reason = getattr(exc, "reason", exc)
         raise AgentUnreachable(_why(reason)) from None
     try:
-        report = json.loads(body)
+        report: object = json.loads(body)
     except ValueError:
         raise AgentRefused(200, "the answer is not JSON (is that port a vgpumon agent?)") from None
     if not isinstance(report, dict) or "status" not in report or "host" not in report:
         raise AgentRefused(200, "the answer is not a diagnose report (is that port a vgpumon agent?)")
-    return report
+    return cast(Report, report)
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:
@@ -121,7 +125,7 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return f"HTTP {exc.code} {exc.reason} (is that port a vgpumon agent?)"
 
 
-def _why(reason: Any) -> str:
+def _why(reason: object) -> str:
     if isinstance(reason, (socket.timeout, TimeoutError)):
         return "no answer in time"
     if isinstance(reason, ConnectionRefusedError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Sequence
+from typing import IO, Sequence
 
 from rich import box
 from rich.console import Console
@@ -23,7 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from vgpumon import catalogue
-from vgpumon.rules.core import duration
+from vgpumon.base.fmt import duration
+from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServer
 
 SPARKS = "▁▂▃▄▅▆▇█"
 STYLE = {"critical": "bold red", "warning": "yellow", "unknown": "magenta", "ok": "green", "info": "dim"}
@@ -64,7 +65,7 @@ class _ReportConsole(Console):
             pass
 
 
-def console(file: Any = None, *, width: int | None = None, color: bool | None = None) -> Console:
+def console(file: IO[str] | None = None, *, width: int | None = None, color: bool | None = None) -> Console:
     """A rich console for reports. ``color`` ``None``: colour and width of a terminal when the
     output is one; otherwise (a file, a pipe, a monitoring plugin) no colour and ``PIPE_WIDTH``
     columns — not ``$COLUMNS``, which describes a terminal (and is set to 80 in environments
@@ -76,22 +77,22 @@ def console(file: Any = None, *, width: int | None = None, color: bool | None = 
     return _ReportConsole(file=file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False)
 
 
-def _show(table: str | None, name: str, value: Any, reason: str | None = None) -> str:
+def _show(table: str | None, name: str, value: float | None, reason: str | None = None) -> str:
     return catalogue.fmt((table, name), value, reason)
 
 
-def _g(name: str, value: Any, reason: str | None = None) -> str:
+def _g(name: str, value: float | None, reason: str | None = None) -> str:
     return _show("gpu_samples", name, value, reason)
 
 
-def _pair(name: str, mean: Any, top: Any, reason: str | None) -> str:
+def _pair(name: str, mean: float | None, top: float | None, reason: str | None) -> str:
     """``mean / max`` of a field, or one ``N/A (reason)`` when neither is known."""
     if mean is None and top is None:
         return _g(name, None, reason)
     return f"{_g(name, mean, reason)} / {_g(name, top, reason)}"
 
 
-def _rate(name: str, value: Any, share: Any, reason: str | None) -> str:
+def _rate(name: str, value: float | None, share: float | None, reason: str | None) -> str:
     """A PCIe rate with its share of the max link, or ``N/A (reason)``."""
     if value is None:
         return _g(name, None, reason)
@@ -106,7 +107,7 @@ def _clock(iso: str | None) -> str:
     return "?" if not iso else iso[11:19]
 
 
-def _gpu_name(f: dict[str, Any]) -> str:
+def _gpu_name(f: Finding) -> str:
     gpu = f.get("gpu")
     if gpu is not None:
         return f"GPU {gpu['index']}"
@@ -114,14 +115,14 @@ def _gpu_name(f: dict[str, Any]) -> str:
     return next((f"{k} {v}" for k, v in subject.items() if k in ("server", "port", "source")), "host")
 
 
-def render_diagnose(report: dict[str, Any], *, width: int | None = None, color: bool = False) -> str:
+def render_diagnose(report: Report, *, width: int | None = None, color: bool = False) -> str:
     """The report as text (``color``: with ANSI styles, as on a terminal)."""
     buf = io.StringIO()
     print_diagnose(report, console(buf, width=width or PIPE_WIDTH, color=color))
     return buf.getvalue()
 
 
-def print_diagnose(report: dict[str, Any], out: Console) -> None:
+def print_diagnose(report: Report, out: Console) -> None:
     """Print the report on ``out``, in the order of docs/diagnose.md."""
     _verdict(report, out)
     if not report.get("window"):
@@ -139,7 +140,7 @@ def print_diagnose(report: dict[str, Any], out: Console) -> None:
     _unknown_rules(report, out)
 
 
-def one_line(report: dict[str, Any]) -> str:
+def one_line(report: Report) -> str:
     """The verdict and its first reason on one line (an unreachable host, a report with no data)."""
     v = report["verdict"]
     reason = v["reasons"][0]["headline"] if v["reasons"] else ""
@@ -149,24 +150,25 @@ def one_line(report: dict[str, Any]) -> str:
 # -- sections -----------------------------------------------------------------------------------
 
 
-def _verdict(report: dict[str, Any], out: Console) -> None:
+def _verdict(report: Report, out: Console) -> None:
     v = report["verdict"]
     status = report["status"]
     if not report.get("window"):
         out.print(Text(one_line(report), style=STYLE[status]), soft_wrap=True)
         return
     counts = ", ".join(f"{n} {s}" for s in ("critical", "warning", "unknown") if (n := v["counts"].get(s)))
-    fresh = report.get("freshness") or {}
-    age = fresh.get("age_seconds")
+    fresh = report.get("freshness")
+    age = fresh.get("age_seconds") if fresh else None
     head = Text(f"{status.upper()} ", style=STYLE[status])
     head.append(f"{report['host']}", style="bold")
     earlier = _earlier(v.get("earlier") or [])
     said = counts or ("nothing firing now" if earlier else "nothing to act on")
-    head.append(f" — {said}{'; ' + earlier if earlier else ''}; data as of {_clock(fresh.get('newest_sample'))} UTC, {_age(age)}")
-    if fresh.get("stale"):
+    head.append(f" — {said}{'; ' + earlier if earlier else ''}; data as of {_clock(fresh.get('newest_sample') if fresh else None)} UTC, {_age(age)}")
+    if fresh and fresh.get("stale"):
         head.append(" (STALE: findings are the last known)", style="magenta")
-    if report.get("source"):
-        head.append(f"; from {report['source']['kind']} {report['source']['where']}", style="dim")
+    source = report.get("source")
+    if source:
+        head.append(f"; from {source['kind']} {source['where']}", style="dim")
     out.print(head, soft_wrap=True)
     for f in v["reasons"]:
         line = Text("  ")
@@ -178,7 +180,7 @@ def _verdict(report: dict[str, Any], out: Console) -> None:
         out.print(line, soft_wrap=True)
 
 
-def _findings(report: dict[str, Any], out: Console) -> None:
+def _findings(report: Report, out: Console) -> None:
     findings = report["findings"]
     if not findings:
         return
@@ -198,9 +200,10 @@ def _findings(report: dict[str, Any], out: Console) -> None:
         if gpu is not None:
             out.print(f"  GPU       {gpu['index']}  {gpu['name'] or 'N/A'}  {gpu['uuid']}  serial {gpu['serial'] or 'N/A'}  bus {gpu['pci_bus_id'] or 'N/A'}")
         out.print(f"  evidence  {f['message']}")
-        if f.get("xids"):
+        xids = f.get("xids")
+        if xids:
             table = Table("XID", "meaning", "NVIDIA", "action", "events (UTC)", box=None, padding=(0, 1), show_edge=False)
-            for x in f["xids"]:
+            for x in xids:
                 table.add_row(str(x["code"]), x["meaning"], x["bucket"], x["action"], ", ".join(_clock(t) for t in x["times"]))
             out.print(table)
         elif f.get("meaning"):
@@ -216,8 +219,9 @@ def _findings(report: dict[str, Any], out: Console) -> None:
             out.print(Text(f"  {_gpu_name(f)}: {f['message']}", style="dim"))
 
 
-def _gpus(report: dict[str, Any], out: Console) -> None:
+def _gpus(report: Report, out: Console) -> None:
     w = report["window"]
+    assert w is not None  # print_diagnose prints the sections of a report with data only
     t = Table(title=f"GPUs, {duration(w['seconds'])} window to {_clock(w['end'])} UTC (mean / max)", title_justify="left",
               caption="SM act.: GPM SM activity, the SMs' work; util.: utilization.gpu, the time any kernel or copy ran "
               "(a host→device copy reads util 100 % with SM act. 0 %). PCIe: share of the max link.",
@@ -279,7 +283,7 @@ def _iso(ts: float | None) -> str | None:
     return iso(ts)
 
 
-def _health_note(g: dict[str, Any], area: str) -> str:
+def _health_note(g: GpuBlock, area: str) -> str:
     """The evidence beside an area's status: what an on-call engineer checks first."""
     u = g["unknown"]
     if area == "readable":
@@ -303,7 +307,7 @@ def _health_note(g: dict[str, Any], area: str) -> str:
     return ""
 
 
-def _health(report: dict[str, Any], out: Console) -> None:
+def _health(report: Report, out: Console) -> None:
     gpus = report["gpus"]
     if not gpus:
         return
@@ -320,12 +324,12 @@ def _health(report: dict[str, Any], out: Console) -> None:
     _print_figures(t, out)
 
 
-def _servers(report: dict[str, Any], out: Console) -> None:
+def _servers(report: Report, out: Console) -> None:
     out.print()
     if not report["vllm"]:
         out.print(Text("vLLM servers: none seen in the look-back", style="dim"))
-        if report.get("stacks_note"):  # --stacks asked for: say why there are none
-            out.print(Text(f"stacks: {report['stacks_note']}", style="yellow"))
+        if note := report.get("stacks_note"):  # --stacks asked for: say why there are none
+            out.print(Text(f"stacks: {note}", style="yellow"))
         return
     v = "vllm_samples"
     t = Table("server", "model", "state (since)", "prewarm (GPU activity)", "running / waiting", "KV usage", "KV fragmentation",
@@ -344,17 +348,17 @@ def _servers(report: dict[str, Any], out: Console) -> None:
     for s in report["vllm"]:
         for dump in s.get("stacks") or []:
             out.print(Text(f"py-spy dump of {s['server']} pid {dump['pid']} ({dump.get('role', 'server')}):", style="bold"))
-            if dump.get("error"):
-                out.print(Text(f"  {dump['error']}", style="yellow"))
+            if error := dump.get("error"):
+                out.print(Text(f"  {error}", style="yellow"))
             else:
-                out.print(dump["text"].rstrip(), markup=False, highlight=False)
-        if s.get("stacks_note"):
-            out.print(Text(f"stacks of {s['server']}: {s['stacks_note']}", style="yellow"))
-    if report.get("stacks_note"):
-        out.print(Text(f"stacks: {report['stacks_note']}", style="yellow"))
+                out.print(dump.get("text", "").rstrip(), markup=False, highlight=False)
+        if server_note := s.get("stacks_note"):
+            out.print(Text(f"stacks of {s['server']}: {server_note}", style="yellow"))
+    if note := report.get("stacks_note"):
+        out.print(Text(f"stacks: {note}", style="yellow"))
 
 
-def _prewarm(s: dict[str, Any]) -> str:
+def _prewarm(s: VllmServer) -> str:
     """Prewarm time and the GPU activity during it, or why it is not known."""
     if s["prewarm_seconds"] is None:
         return _show("vllm_instances", "prewarm_seconds", None, "start not watched")
@@ -363,7 +367,7 @@ def _prewarm(s: dict[str, Any]) -> str:
         "" if activity is None else f" (GPU {_show('vllm_instances', 'prewarm_gpu_active_ratio', activity)})")
 
 
-def _fragmentation(s: dict[str, Any]) -> str:
+def _fragmentation(s: VllmServer) -> str:
     """The newest KV fragmentation estimate and its 15-minute mean, or why there is none."""
     v = "vllm_samples"
     if s["kv_fragmentation_ratio"] is None and s["kv_fragmentation_mean_ratio"] is None:
@@ -372,7 +376,7 @@ def _fragmentation(s: dict[str, Any]) -> str:
             f" (15 min mean {_show(v, 'kv_fragmentation_ratio', s['kv_fragmentation_mean_ratio'], 'n/a')})")
 
 
-def _processes(report: dict[str, Any], out: Console) -> None:
+def _processes(report: Report, out: Console) -> None:
     procs = report["processes"]
     out.print()
     if not procs:
@@ -381,13 +385,14 @@ def _processes(report: dict[str, Any], out: Console) -> None:
     t = Table("GPU", "pid", "process", "owner", "container / pod", "GPU memory", title="Processes holding most GPU memory",
               title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
     for p in procs:
-        where = p.get("pod") or (p["container_id"][:12] if p.get("container_id") else "not in a container")
+        container = p.get("container_id")
+        where = p.get("pod") or (container[:12] if container else "not in a container")
         t.add_row(str(p["gpu"]), str(p["pid"]), p["name"] or "N/A (not resolved)", p["username"] or "N/A", where,
                   _show("gpu_process_samples", "used_gpu_memory_bytes", p["used_gpu_memory_bytes"], "withheld by the driver"))
     out.print(t)
 
 
-def _trends(report: dict[str, Any], out: Console) -> None:
+def _trends(report: Report, out: Console) -> None:
     tr = report.get("trends")
     if not tr or not tr["gpus"]:
         return
@@ -412,7 +417,7 @@ def _trends(report: dict[str, Any], out: Console) -> None:
         out.print(f"        PCIe p95  {sparkline(both, cap)}  {peak_txt} (scale: the max link)", soft_wrap=True)
 
 
-def _xids(report: dict[str, Any], out: Console) -> None:
+def _xids(report: Report, out: Console) -> None:
     if not report.get("xids"):
         return
     t = Table("XID", "mnemonic", "meaning", "NVIDIA bucket", "what to do", "events (GPU @ UTC)",
@@ -424,7 +429,7 @@ def _xids(report: dict[str, Any], out: Console) -> None:
     out.print(t)
 
 
-def _paths(report: dict[str, Any], out: Console) -> None:
+def _paths(report: Report, out: Console) -> None:
     lines = []
     for g in report["gpus"]:
         path = g["pcie"].get("path") or []
@@ -446,7 +451,7 @@ def _paths(report: dict[str, Any], out: Console) -> None:
             out.print(line, soft_wrap=True)
 
 
-def _earlier(episodes: list[dict[str, Any]]) -> str:
+def _earlier(episodes: list[Earlier]) -> str:
     """The headline's words for the episodes that fired in the window and are not open now:
     ``1 warning earlier in the window: GpuPcieSaturated GPU 0 17:12–17:14``."""
     if not episodes:
@@ -454,7 +459,7 @@ def _earlier(episodes: list[dict[str, Any]]) -> str:
     counts = ", ".join(f"{n} {s}" for s in ("critical", "warning", "info")
                        if (n := sum(1 for e in episodes if e["severity"] == s)))
 
-    def one(e: dict[str, Any]) -> str:
+    def one(e: Earlier) -> str:
         gpu = f" GPU {e['gpu']}" if e.get("gpu") is not None else ""
         if e["resolved_at"] is None:  # the agent stopped while it fired, or has not evaluated since
             return f"{e['name']}{gpu} from {_clock(_iso(e['fired_at']))}, open at the agent's last evaluation"
@@ -465,7 +470,7 @@ def _earlier(episodes: list[dict[str, Any]]) -> str:
     return f"{counts} earlier in the window: {named}{more}"
 
 
-def _history(report: dict[str, Any], out: Console) -> None:
+def _history(report: Report, out: Console) -> None:
     hist = report.get("alert_history") or []
     if not hist:
         return
@@ -482,7 +487,7 @@ def _history(report: dict[str, Any], out: Console) -> None:
                   soft_wrap=True)
 
 
-def _freshness(report: dict[str, Any], out: Console) -> None:
+def _freshness(report: Report, out: Console) -> None:
     fr = report.get("freshness")
     if not fr:
         return
@@ -497,13 +502,13 @@ def _freshness(report: dict[str, Any], out: Console) -> None:
         line.append(f"; --max-age {duration(fr['max_age_seconds'])}: {'STALE' if fr['stale'] else 'fresh'}",
                     style="magenta" if fr["stale"] else "")
     out.print(line)
-    if report.get("store_note"):
-        out.print(f"store {report['store_note']}", style="dim")
-    if report.get("source_note"):
-        out.print(Text(report["source_note"], style="yellow"))
+    if store_note := report.get("store_note"):
+        out.print(f"store {store_note}", style="dim")
+    if source_note := report.get("source_note"):
+        out.print(Text(source_note, style="yellow"))
 
 
-def _unknown_rules(report: dict[str, Any], out: Console) -> None:
+def _unknown_rules(report: Report, out: Console) -> None:
     grouped: dict[tuple[str, str], list[str]] = {}
     for g in report["gpus"]:
         for rule, reason in g.get("rules_unknown", {}).items():

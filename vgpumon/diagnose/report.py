@@ -11,10 +11,10 @@ prints it as it is; the agent's ``/api/v1/diagnose`` serves it. Decisions: docs/
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vgpumon.base.errors import ExitCode
-from vgpumon.base.fmt import clock, iso
+from vgpumon.base.fmt import clock, duration, iso
 from vgpumon.config import default_hostname
 from vgpumon.diagnose.findings import (
     GPU_SUBJECTS,
@@ -25,12 +25,14 @@ from vgpumon.diagnose.findings import (
     unreadable_now,
     verdict,
 )
-from vgpumon.rules.core import duration
+from vgpumon.diagnose.schema import AlertEpisode, AlertRecord, Earlier, Finding, Report, Status, XidEntry, XidEventEntry
 
 if TYPE_CHECKING:
-    from vgpumon.store import Store
+    from vgpumon.config.thresholds import Thresholds
+    from vgpumon.model import Alert, HostEvent
+    from vgpumon.store import Store, StoredGpu
 
-SEVERITY_EXIT = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
+SEVERITY_EXIT: dict[Status, ExitCode] = {"ok": ExitCode.OK, "warning": ExitCode.WARNING, "critical": ExitCode.CRITICAL, "unknown": ExitCode.UNKNOWN}
 _DEVICE_SET_EVENTS = ("gpu_unidentified", "gpu_appeared")
 #: A stored episode of an alert counts as the same episode when it resolved at most this long
 #: before the report's end (the agent evaluates every 5–60 s of data time, behind the newest tick).
@@ -71,7 +73,7 @@ def parse_since(text: str) -> tuple[float | None, float | None]:
     return None, moment.timestamp()
 
 
-def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:
+def unknown_report(host: str, message: str | None = None) -> Report:
     """A report with status ``unknown`` (no data, store or agent unreachable), optionally with a
     finding that says why."""
     findings = [own("unknown", message, kind="no_data")] if message else []
@@ -82,12 +84,12 @@ def unknown_report(host: str, message: str | None = None) -> dict[str, Any]:
     }
 
 
-def exit_code(report: dict[str, Any]) -> ExitCode:
+def exit_code(report: Report) -> ExitCode:
     """Exit code for a report's status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)."""
     return SEVERITY_EXIT[report["status"]]
 
 
-def _finish(report: dict[str, Any]) -> dict[str, Any]:
+def _finish(report: Report) -> Report:
     report["findings"] = order(report["findings"])
     report["verdict"] = verdict(report["findings"])
     report["status"] = report["verdict"]["status"]
@@ -95,7 +97,26 @@ def _finish(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def _stored_episodes(episodes: list[Any], open_now: list[Any], by_uuid: dict[str, Any], end: float) -> list[dict[str, Any]]:
+def alert_record(a: Alert) -> AlertRecord:
+    """An alert as the report carries it: ``Alert.as_dict``'s keys, in its order (a test holds the
+    two together)."""
+    return {
+        "name": a.name,
+        "severity": a.severity,
+        "state": a.state,
+        "labels": dict(a.labels),
+        "summary": a.summary,
+        "description": a.description,
+        "runbook_url": a.runbook_url,
+        "value": a.value,
+        "active_since": a.active_since,
+        "fired_at": a.fired_at,
+        "resolved_at": a.resolved_at,
+        "fingerprint": a.fingerprint,
+    }
+
+
+def _stored_episodes(episodes: list[Alert], open_now: list[Alert], by_uuid: dict[str, StoredGpu], end: float) -> list[AlertEpisode]:
     """The agent's stored episodes that fired in the look-back and are not among the alerts open
     at the window's end: resolved ones, and ones still open at the agent's last evaluation (the
     agent stopped while they fired, or has not evaluated since); oldest first, each once.
@@ -103,35 +124,36 @@ def _stored_episodes(episodes: list[Any], open_now: list[Any], by_uuid: dict[str
     The stored lifecycle is what paged: a report must not forget an episode because its own
     evaluation at the window's end no longer sees it."""
     current = {a.fingerprint for a in open_now}
-    seen: set[Any] = set()
-    out: list[dict[str, Any]] = []
+    seen: set[int | tuple[str, float]] = set()
+    out: list[AlertEpisode] = []
     for a in sorted(episodes, key=lambda a: (a.active_since, a.id or 0)):
         key = a.id if a.id is not None else (a.fingerprint, a.active_since)
         if key in seen or a.fired_at is None or a.fired_at > end:
             continue
         seen.add(key)
         still_open = a.resolved_at is None
-        if a.fingerprint in current and (still_open or a.resolved_at >= end - _EPISODE_SLACK_S):
+        if a.fingerprint in current and (a.resolved_at is None or a.resolved_at >= end - _EPISODE_SLACK_S):
             continue  # the same episode as an alert open now: a finding, not history
         gpu = by_uuid[a.labels["uuid"]].identity.index if a.labels.get("uuid") in by_uuid else None
-        out.append({**a.as_dict(), "gpu": gpu, "open_at_last_evaluation": still_open,
+        out.append({**alert_record(a), "gpu": gpu, "open_at_last_evaluation": still_open,
                     "last_evaluated_at": a.last_eval if still_open else None})
     return out
 
 
-def _earlier_in_window(report: dict[str, Any]) -> list[dict[str, Any]]:
+def _earlier_in_window(report: Report) -> list[Earlier]:
     """Episodes of the stored history that overlapped the window (not only the look-back): the
     headline names them, so that it never says "nothing to act on" about a window that held an
     alert. The status (and the exit code) keeps judging the window's end."""
-    window = report.get("window") or {}
+    window = report["window"]
     if not window:
         return []
     start, end = _epoch(window["start"]), _epoch(window["end"])
+    # every stored episode fired (``_stored_episodes`` keeps only those)
     return [
-        {"name": a["name"], "severity": a["severity"], "gpu": a.get("gpu"), "fired_at": a["fired_at"],
-         "resolved_at": a["resolved_at"], "open_at_last_evaluation": a.get("open_at_last_evaluation", False)}
-        for a in report.get("alert_history") or []
-        if a["fired_at"] <= end and (a["resolved_at"] is None or a["resolved_at"] >= start)
+        {"name": a["name"], "severity": a["severity"], "gpu": a["gpu"], "fired_at": fired,
+         "resolved_at": a["resolved_at"], "open_at_last_evaluation": a["open_at_last_evaluation"]}
+        for a in report["alert_history"]
+        if (fired := a["fired_at"]) is not None and fired <= end and (a["resolved_at"] is None or a["resolved_at"] >= start)
     ]
 
 
@@ -149,10 +171,10 @@ def build_report(
     now: float | None = None,
     max_age_seconds: float | None = None,
     local_hostname: str | None = None,
-    thresholds: Any = None,
+    thresholds: Thresholds | None = None,
     since: float | None = None,
     lookback_seconds: float | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """Build the diagnose report of one host from the store.
 
     Args:
@@ -172,7 +194,7 @@ def build_report(
         lookback_seconds: the same as a length back from the newest sample (``--since 6h``).
 
     Returns:
-        A JSON-able dict (keys in docs/diagnose.md): ``host``, ``status`` (``ok``, ``warning``,
+        The ``Report`` (``vgpumon.diagnose.schema``; JSON as it is; keys in docs/diagnose.md): ``host``, ``status`` (``ok``, ``warning``,
         ``critical``, ``unknown``), ``verdict`` (status, counts, top reasons), ``findings`` (most
         severe first), ``window``, ``lookback``, ``freshness``, ``gpus``, ``vllm``,
         ``processes``, ``trends``, ``xids``, ``alerts`` (pending and firing), ``alert_history``
@@ -206,7 +228,7 @@ def build_report(
     report["window"] = {"start": iso(start), "end": iso(end), "seconds": window_seconds}
     report["lookback"] = {"start": iso(look), "end": iso(end), "seconds": end - look}
     report["newest_sample_age_seconds"] = max(0.0, now - end)
-    findings: list[dict[str, Any]] = report["findings"]
+    findings: list[Finding] = report["findings"]
     by_uuid = {g.identity.uuid: g for g in gpus}
     index_of = {g.identity.uuid: g.identity.index for g in gpus}
 
@@ -253,7 +275,7 @@ def build_report(
                 unknown_reasons[gpu.identity.uuid][f.rule] = f.reason or "inputs absent"
         elif f.state == "unknown":
             report["rules_unknown"].append({"rule": f.rule, "labels": f.labels, "reason": f.reason})
-    lost_firing = set()
+    lost_firing: set[int] = set()
     for a in open_alerts:
         rule = BY_NAME[a.name]
         gpu = by_uuid.get(a.labels.get("uuid", "")) if rule.subject in GPU_SUBJECTS else None
@@ -267,7 +289,7 @@ def build_report(
             xid_times=xid_times(a.name, gpu.id) if gpu is not None and a.name in XID_RULES else None,
             down_since=down.get(gpu.id) if gpu is not None else None,
         ))
-    report["alerts"] = [a.as_dict() for a in open_alerts]
+    report["alerts"] = [alert_record(a) for a in open_alerts]
     report["alert_history"] = _stored_episodes(episodes, open_alerts, by_uuid, end)
 
     # -- diagnose's own observations ---------------------------------------------------------------
@@ -284,24 +306,23 @@ def build_report(
     blocks = []
     for g in gpus:
         u = g.identity.uuid
+        xid_counts: dict[str, int] = {}
+        for ts, gid, code in xid_events:
+            if gid == g.id and ts >= start:
+                xid_counts[str(code)] = xid_counts.get(str(code), 0) + 1
+        st = states[u]
+        if g.id in down and g.id not in lost_firing:
+            st = {**st, "GpuLost": "pending"}  # unreadable now, not yet lost: WARN, not PASS
         block = gpu_block(store, g, start, end, aggs[g.id], topology=topology, index_of=index_of,
                           rejected=rejected.get(f"gpu:{u}"), down=(down[g.id], reasons.get(g.id, "unreadable")) if g.id in down else None,
-                          last=lasts[g.id])
+                          last=lasts[g.id], xid_counts=xid_counts, rules_unknown=unknown_reasons[u],
+                          areas=health(st, severities, unknown_reasons[u]))
         if not block["samples"]:
             findings.append(own("unknown", f"no samples in the window ({duration(window_seconds)})", gpu=g.identity, kind="no_samples"))
         for field, (count, reason) in sorted((rejected.get(f"gpu:{u}") or {}).items()):
             # information, never a verdict: the value was refused, so nothing was concluded from it
             findings.append(own("info", f"{field}: reported impossible values {count} times in the window ({reason})",
                                 gpu=g.identity, kind="rejected_values"))
-        block["xid_counts"] = {}
-        for ts, gid, code in xid_events:
-            if gid == g.id and ts >= start:
-                block["xid_counts"][str(code)] = block["xid_counts"].get(str(code), 0) + 1
-        block["rules_unknown"] = unknown_reasons[u]
-        st = states[u]
-        if g.id in down and g.id not in lost_firing:
-            st = {**st, "GpuLost": "pending"}  # unreadable now, not yet lost: WARN, not PASS
-        block["health"] = health(st, severities, unknown_reasons[u])
         blocks.append(block)
     report["gpus"] = blocks
 
@@ -322,20 +343,20 @@ def build_report(
         ))
     _finish(report)
     for b in blocks:
-        b["findings"] = [f for f in report["findings"] if (f.get("gpu") or {}).get("uuid") == b["uuid"]]
+        b["findings"] = [f for f in report["findings"] if (ref := f["gpu"]) is not None and ref["uuid"] == b["uuid"]]
     return report
 
 
-def _xid_section(events: list[tuple[float, int, int]], index_of: dict[int, int], since: float) -> list[dict[str, Any]]:
+def _xid_section(events: list[tuple[float, int, int]], index_of: dict[int, int], since: float) -> list[XidEntry]:
     """Every XID of the look-back, per code: our table's meaning and action, and each event (GPU,
     time), oldest first."""
     from vgpumon.catalogue.xid import describe
 
-    by_code: dict[int, list[dict[str, Any]]] = {}
+    by_code: dict[int, list[XidEventEntry]] = {}
     for ts, gid, code in events:
         if ts >= since:
             by_code.setdefault(code, []).append({"gpu": index_of.get(gid), "at": iso(ts), "ts": ts})
-    out = []
+    out: list[XidEntry] = []
     for code, evs in sorted(by_code.items()):
         x = describe(code)
         out.append({"code": code, "mnemonic": x.mnemonic, "meaning": x.meaning, "bucket": x.bucket, "action": x.action,
@@ -343,11 +364,11 @@ def _xid_section(events: list[tuple[float, int, int]], index_of: dict[int, int],
     return out
 
 
-def _unidentified(events: list[Any]) -> list[dict[str, Any]]:
+def _unidentified(events: list[HostEvent]) -> list[Finding]:
     """A device NVML counts but cannot name (no UUID: it has no history, so no rule sees it) and
     that has not been named since: the host has a GPU it cannot report on. A GPU that was named
     and went is the GpuMissing rule's."""
-    open_: dict[str, Any] = {}
+    open_: dict[str, HostEvent] = {}
     for e in events:  # oldest first
         if e.kind == "gpu_appeared":
             index = e.detail.split(",", 1)[0].removeprefix("index ").strip()

@@ -16,7 +16,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from vgpumon.diagnose.schema import StackDump
 
 #: How long one dump may take before it is abandoned (a large process, a slow unwinder).
 DUMP_TIMEOUT_S = 10.0
@@ -45,7 +46,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dump(pid: int, *, py_spy: str | None = None, timeout: float = DUMP_TIMEOUT_S) -> dict[str, Any]:
+def dump(pid: int, *, py_spy: str | None = None, timeout: float = DUMP_TIMEOUT_S) -> StackDump:
     """Dump the Python stacks of one process.
 
     Args:

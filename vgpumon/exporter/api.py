@@ -26,12 +26,13 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 if TYPE_CHECKING:
     from vgpumon.config.thresholds import Thresholds
+    from vgpumon.diagnose.schema import Report
     from vgpumon.exporter.collector import MetricsExporter
     from vgpumon.exporter.view import AgentView
     from vgpumon.store import Store
@@ -239,7 +240,7 @@ class AgentApi:
 
     # -- the report ------------------------------------------------------------------------------
 
-    def _report(self, agent_store: Store, window: float, max_age: float | None, lookback: float | None, since: float | None) -> dict[str, Any]:
+    def _report(self, agent_store: Store, window: float, max_age: float | None, lookback: float | None, since: float | None) -> Report:
         from vgpumon.diagnose import build_report
         from vgpumon.store import Store
 
@@ -248,12 +249,13 @@ class AgentApi:
                             local_hostname=self.agent.hostname, thresholds=self.config.thresholds, since=since,
                             lookback_seconds=lookback)
 
-    def _add_live(self, report: dict[str, Any]) -> None:
+    def _add_live(self, report: Report) -> None:
         """What only the running agent knows: Kubernetes owners of the processes (not stored),
         and how old its newest tick is on its own clock."""
         snap = self.agent.latest
-        if report.get("freshness") is not None:
-            report["freshness"]["agent"] = {"last_tick_age_seconds": self.exporter.age(), "fresh": self.exporter.fresh()}
+        fresh = report.get("freshness")
+        if fresh is not None:
+            fresh["agent"] = {"last_tick_age_seconds": self.exporter.age(), "fresh": self.exporter.fresh()}
         k8s = snap.kubernetes if snap is not None else None
         if k8s is None:
             return
@@ -264,7 +266,7 @@ class AgentApi:
                 p["pod"] = str(owner.owner) if owner.owner is not None else None
                 p["pod_note"] = owner.reason
 
-    def _add_stacks(self, report: dict[str, Any]) -> None:
+    def _add_stacks(self, report: Report) -> None:
         """py-spy dumps of the discovered vLLM processes, under their servers (when allowed)."""
         if not self.config.stacks:
             report["stacks_note"] = "this agent's config does not allow stacks ([api] stacks = false)"

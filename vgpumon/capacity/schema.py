@@ -1,0 +1,151 @@
+"""The shape of the capacity review: what ``review`` returns, ``--json`` prints (without the plots'
+``series``), ``vgpumon.capacity.render`` prints and ``vgpumon.capacity.html`` plots.
+
+TypedDicts (the review is JSON as it is), checked by mypy wherever a key is read; docs/capacity.md
+says what the figures mean and how they are made. Values in base units, ``None`` where unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+# Links and windows are written as diagnose writes them (``vgpumon.diagnose.schema``: a sibling
+# package, so not imported — the layer test keeps siblings apart).
+
+
+class Span(TypedDict):
+    """A stretch of time: ISO 8601 UTC ends and its length in seconds."""
+
+    start: str
+    end: str
+    seconds: float
+
+
+class Link(TypedDict):
+    """A PCIe link as trained now (``None`` where not reported)."""
+
+    generation: int | None
+    width: int | None
+
+
+class LinkCapacity(TypedDict):
+    """A PCIe link with its payload capacity per direction (FACTS §3)."""
+
+    generation: int | None
+    width: int | None
+    capacity_bytes_per_second: float | None
+
+#: A minute's p95 as ``(epoch seconds, bytes/s)``, for the plots.
+Point = tuple[float, float]
+
+
+class Series(TypedDict):
+    """p95 per minute of each direction (at most ``SERIES_POINTS`` points; ``series=True``)."""
+
+    tx: list[Point]
+    rx: list[Point]
+
+
+class WindowStats(TypedDict):
+    """A direction's window figures: quantiles of its per-minute statistics, max the largest."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+
+class LinkState(TypedDict):
+    """The negotiated link against the max, and whether the slot holds the card back."""
+
+    state: Literal["unknown", "below_max", "at_max"]
+    text: str
+    slot: str | None
+
+
+class GpuDirection(TypedDict):
+    p50_bytes_per_second: float | None
+    p95_bytes_per_second: float | None
+    p99_bytes_per_second: float | None
+    max_bytes_per_second: float | None
+    p95_share_of_max_link: float | None
+    p95_share_of_negotiated_link: float | None
+    max_share_of_max_link: float | None
+
+
+class _GpuCapacity(TypedDict):
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    minutes: int
+    link_max: LinkCapacity
+    link_negotiated: LinkCapacity  # the fastest the link trained to in the window
+    gpu_max_generation: int | None
+    link_state: LinkState
+    tx: GpuDirection
+    rx: GpuDirection
+
+
+class GpuCapacity(_GpuCapacity, total=False):
+    """One card's PCIe load over the window against its links."""
+
+    series: Series  # series=True (the HTML plots); never in --json
+
+
+class SharedDirection(TypedDict):
+    p50_bytes_per_second: float | None
+    p95_bytes_per_second: float | None
+    p99_bytes_per_second: float | None
+    max_bytes_per_second: float | None
+    p95_share: float | None
+    per_card_p95_bytes_per_second: float | None
+
+
+class Projection(TypedDict):
+    add: int  # cards added, each with the current per-card load
+    p95_share: float | None
+
+
+class _SharedPort(TypedDict):
+    port: str
+    kind: str  # bridge or root
+    link_max: LinkCapacity
+    link_current: Link
+    gpus: list[int]
+    cards: int
+    tx: SharedDirection
+    rx: SharedDirection
+    p95_share: float | None  # the worse direction
+    saturated: bool
+    saturation_ratio: float
+    projections: list[Projection]  # add = 1 … --add
+    headroom_cards: int | None  # None: no bound (no load, or the link unknown)
+
+
+class SharedPort(_SharedPort, total=False):
+    """A switch or root port above two or more cards: their combined load against its link."""
+
+    series: Series  # series=True (the HTML plots); never in --json
+
+
+class HostReview(TypedDict):
+    """The review of one host (``window`` ``None`` with a ``note`` when there is nothing to review)."""
+
+    host: str
+    window: Span | None
+    minutes: int
+    gpus: list[GpuCapacity]
+    shared: list[SharedPort]
+    saturated: list[str]  # ports
+    note: str | None
+
+
+class Review(TypedDict):
+    """The review of several hosts."""
+
+    window_seconds: float
+    add_cards: int
+    saturation_ratio: float
+    hosts: list[HostReview]
+    unknown_hosts: list[str]  # asked for, not in the store
