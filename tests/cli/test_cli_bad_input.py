@@ -159,6 +159,8 @@ CASES = [
          r"cannot create the store's directory .*zero\.db/sub: Not a directory"),
     Case("capacity-unknown-host", ["capacity", "nosuch", "--db", "{d}/store.db"], 64, r"nosuch is not in the store"),
     Case("diagnose-no-host", ["diagnose"], 64, r"Missing argument 'host'"),
+    Case("diagnose-host-control-character", ["diagnose", "gpu\x01host"], 64, r"host 'gpu\\x01host': host name with control characters"),
+    Case("diagnose-host-300-characters", ["diagnose", "h" * 300], 64, r"host 'h{60}'…: host name of 300 characters; at most 255"),
     Case("unknown-option", [*DIAG, "--bogus"], 64, r"No such option: --bogus"),
     Case("unknown-command", ["bogus"], 64, r"No such command 'bogus'"),
     Case("log-level-loud", ["--log-level", "loud", *DIAG], 64, r"'--log-level': 'loud' is not one of 'debug'"),

@@ -248,3 +248,45 @@ def test_diagnose_of_a_port_that_is_not_an_agent_says_so_once(tmp_path):
     line = out.stdout.strip()
     assert "refused: HTTP 404 File not found (is that port a vgpumon agent?)" in line, line
     assert line.count("HTTP 404") == 1  # not "404": the random port may hold those digits (40415)
+
+
+def test_diagnose_never_follows_a_redirect_with_its_token():
+    """`diagnose HOST` with the API token: an answer redirecting elsewhere (a hostile process on
+    the agent's port, a misconfigured proxy) is the agent refusing, said in one line; the token
+    never travels to the host the redirect names."""
+    import http.server
+    import threading
+
+    from vgpumon.diagnose.remote import AgentRefused, fetch_report
+
+    seen: list[str | None] = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok", "host": "h"}')
+
+        def log_message(self, *a):
+            pass
+
+    elsewhere = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirects(Elsewhere):
+        def do_GET(self):  # noqa: N802
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_port}/api/v1/diagnose")
+            self.end_headers()
+
+    agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirects)
+    for server in (elsewhere, agent):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(AgentRefused) as refused:
+            fetch_report("127.0.0.1", agent.server_port, token="s3cret-token", timeout=5.0)
+    finally:
+        agent.shutdown()
+        elsewhere.shutdown()
+    assert refused.value.status == 307 and "not followed" in str(refused.value)
+    assert seen == []  # nothing, token or not, reached the other host

@@ -17,7 +17,8 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import cast
+from http.client import HTTPMessage
+from typing import IO, cast
 
 from vgpumon.base.errors import UsageError
 from vgpumon.diagnose.schema import Report
@@ -47,6 +48,12 @@ def parse_target(text: str, default_port: int) -> tuple[str, int, bool]:
     Raises:
         UsageError: anything else, or a port outside 1–65535.
     """
+    from vgpumon.config.checks import check_hostname
+
+    try:  # what a stored host name may be (1-255 characters, no control characters)
+        check_hostname(text.strip().strip("[]"))
+    except ValueError as exc:
+        raise UsageError(f"host {text[:60]!r}{'…' if len(text) > 60 else ''}: {exc}") from None
     m = _TARGET.match(text.strip())
     if not m:
         raise UsageError(f"host {text!r} is not HOST or HOST:PORT (e.g. gpu-host-17, gpu-host-17:19400, [::1]:19400)")
@@ -98,12 +105,17 @@ def fetch_report(
         query["stacks"] = "1"
     url = f"{agent_url(host, port)}/api/v1/diagnose" + (f"?{urllib.parse.urlencode(query)}" if query else "")
     request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})  # noqa: S310  the URL is built here from a checked host and port, http only
-    # proxies from the environment are for the web, not for a GPU host's agent
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    # proxies from the environment are for the web, not for a GPU host's agent; no redirects:
+    # the token goes to the host named, never to one an answer points at
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
     try:
         with opener.open(request, timeout=timeout) as answer:
             body = answer.read()
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            where = str(exc.headers.get("Location", ""))[:100]
+            raise AgentRefused(exc.code, f"HTTP {exc.code}: a redirect to {where!r}, not followed "
+                                         "(the token goes to the host named only)") from None
         raise AgentRefused(exc.code, _error_message(exc)) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -115,6 +127,15 @@ def fetch_report(
     if not isinstance(report, dict) or "status" not in report or "host" not in report:
         raise AgentRefused(200, "the answer is not a diagnose report (is that port a vgpumon agent?)")
     return cast(Report, report)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer (``AgentRefused`` with its 3xx status), never followed."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> None:
+        return None
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:
