@@ -153,6 +153,42 @@ def test_a_failing_webhook_is_retried_and_a_hanging_one_holds_nobody_up():
     assert d.failures["webhook-2"] >= 2 and d.sent["webhook-2"] == 0
 
 
+def test_a_webhook_that_redirects_is_not_followed():
+    """The receiver answers 307 to another URL (a hostile or misconfigured one): the alert is not
+    posted there; the sink counts a failure and the log line says it was a redirect."""
+    elsewhere: list[dict] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/elsewhere")
+
+    async def other(request: web.Request) -> web.Response:
+        elsewhere.append(await request.json())
+        return web.Response(status=200)
+
+    async def go() -> Dispatcher:
+        app = web.Application()
+        app.router.add_post("/hook", redirect)
+        app.router.add_post("/elsewhere", other)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        d = Dispatcher([WebhookSink(f"http://127.0.0.1:{port}/hook")], sleep=lambda s: asyncio.sleep(0.01))
+        await d.start()
+        d.submit([_alert()])
+        for _ in range(300):
+            if d.failures["webhook"] >= 1:
+                break
+            await asyncio.sleep(0.02)
+        await d.close(timeout=0.2)
+        await runner.cleanup()
+        return d
+
+    d = asyncio.run(go())
+    assert d.failures["webhook"] >= 1 and d.sent["webhook"] == 0
+    assert elsewhere == []
+
+
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 

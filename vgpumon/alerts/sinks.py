@@ -94,7 +94,11 @@ class _HttpSink(Sink):
 
     async def _post(self, session: aiohttp.ClientSession, url: str, body: WebhookBody | list[AlertmanagerAlert]) -> None:
         try:
-            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+            # no redirects: an alert (and a URL's credentials) goes to the receiver named only
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout),
+                                    allow_redirects=False) as resp:
+                if 300 <= resp.status < 400:
+                    raise SinkError(f"{url} answered {resp.status}, a redirect: not followed")
                 if resp.status >= 300:
                     raise SinkError(f"{url} answered {resp.status}")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
