@@ -63,6 +63,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a line longer than any capture's (65 Mi spaces, no newline): an error, not a MemoryError
     (d / "huge-line.jsonl.gz").write_bytes(gzip.compress((lines[0] + "\n" + '{"tick": 0, ' + " " * (65 << 20)).encode(), 1))
     (d / "a-directory").mkdir()
+    os.mkfifo(d / "a-fifo")  # nobody writes it: reading it would hang
     (d / "zero.db").write_bytes(b"")
     (d / "random.db").write_bytes(os.urandom(4096))
     import sqlite3
@@ -159,6 +160,10 @@ CASES = [
          r"cannot create the store's directory .*zero\.db/sub: Not a directory"),
     Case("capacity-unknown-host", ["capacity", "nosuch", "--db", "{d}/store.db"], 64, r"nosuch is not in the store"),
     Case("diagnose-no-host", ["diagnose"], 64, r"Missing argument 'host'"),
+    Case("config-dev-zero", ["--config", "/dev/zero", "config", "show"], 65, r"/dev/zero is a character device, not a regular file"),
+    Case("config-fifo", ["--config", "{d}/a-fifo", "config", "show"], 65, r"a-fifo is a FIFO, not a regular file"),
+    Case("metrics-file-dev-zero", [*AGENT, "--metrics-file", "/dev/zero"], 65, r"--metrics-file: .*/dev/zero is a character device"),
+    Case("metrics-file-fifo", [*AGENT, "--metrics-file", "{d}/a-fifo"], 65, r"--metrics-file: .*a-fifo is a FIFO"),
     Case("diagnose-host-control-character", ["diagnose", "gpu\x01host"], 64, r"host 'gpu\\x01host': host name with control characters"),
     Case("diagnose-host-300-characters", ["diagnose", "h" * 300], 64, r"host 'h{60}'…: host name of 300 characters; at most 255"),
     Case("unknown-option", [*DIAG, "--bogus"], 64, r"No such option: --bogus"),

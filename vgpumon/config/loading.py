@@ -16,6 +16,7 @@ from pydantic_settings import SettingsError as _PydanticSettingsError
 
 from vgpumon.base.durations import format_duration
 from vgpumon.base.errors import ConfigFileError, UsageError
+from vgpumon.base.files import FileRefused, read_small_file
 from vgpumon.base.masking import mask_secrets
 from vgpumon.config.defaults import default_config_file, default_db_url, default_hostname, default_spool_dir
 from vgpumon.config.sections import RULE_NAMES
@@ -81,8 +82,9 @@ def _exists(path: Path) -> bool:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_small_file(path).decode("utf-8"))
+    except FileRefused as exc:
+        raise ConfigFileError(f"cannot read config file: {exc}") from None
     except OSError as exc:
         raise ConfigFileError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from vgpumon.base.files import FileRefused, read_small_file
 from vgpumon.catalogue import families
 
 HEADER = """\
@@ -69,8 +70,8 @@ def read_selection(path: Path) -> frozenset[str]:
         SelectionError: the file cannot be read or holds a wrong line.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_small_file(path).decode("utf-8")
+    except (OSError, UnicodeDecodeError, FileRefused) as exc:
         raise SelectionError(f"cannot read the metric selection file {path}: {exc}") from None
     return parse_selection(text, source=str(path))
 

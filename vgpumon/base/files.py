@@ -1,0 +1,51 @@
+"""Files given on the command line are read as what they claim to be: a regular file of bounded
+size. ``--config /dev/zero`` used to read until memory ran out, a FIFO hung the command; both
+are now one line (exit 65, the caller's error class)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+#: A settings file or a metric selection is a few kilobytes; this leaves room for comments.
+SMALL_FILE_LIMIT = 1 << 20
+
+
+class FileRefused(ValueError):
+    """The path names something that is not a regular file, or one larger than allowed."""
+
+
+def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them.
+
+    Opened without blocking (a FIFO's open would wait for a writer) and checked on the open
+    descriptor (no race with a rename): a device, FIFO, socket or directory is refused, as is a
+    file over ``limit`` bytes, before anything is read.
+
+    Raises:
+        FileRefused: not a regular file, or over the limit.
+        OSError: it cannot be opened or read (missing, no permission).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                    else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise FileRefused(f"{path} is {kind}, not a regular file")
+        if st.st_size > limit:
+            raise FileRefused(f"{path} is {st.st_size} bytes; at most {limit} are read")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grew while read (a file written meanwhile)
+            raise FileRefused(f"{path} is over {limit} bytes; at most {limit} are read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
