@@ -91,3 +91,26 @@ def _reasons(url: str) -> list[str]:
             return list(conn.scalars(text("SELECT DISTINCT reason FROM rejected_values")))
     finally:
         store.close()
+
+
+def test_numbers_too_large_or_infinite_cost_only_themselves():
+    """An integer token of 400 digits, or an info label reading ``inf``, raised OverflowError in
+    the parser, so every poll of that server failed with a traceback. Each such value is now
+    left out (counted as rejected where it is a sample); the rest of the body is read."""
+    from vgpumon.sources.vllm.metrics import parse_metrics
+    from vgpumon.sources.vllm.scrape import _stats_fields
+
+    body = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="m"}} {"1" * 400}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{model_name="m"} 3\n'
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="inf",num_gpu_blocks="1e400",engine="0"} 1\n'
+    )
+    reading = parse_metrics(body)
+    assert reading.waiting == 3 and reading.running is None
+    assert "vllm:num_requests_running" in reading.rejected
+    assert reading.cache is not None and (reading.cache.block_size, reading.cache.num_gpu_blocks) == (None, None)
+    fields = _stats_fields({"num_requests_running": 10 ** 400, "num_requests_waiting": 2, "block_size": float("inf")})
+    assert fields == {"waiting": 2.0}

@@ -231,9 +231,10 @@ def _int(value: str | None) -> int | None:
     if v is None:
         return None
     try:
-        return int(float(v))
-    except ValueError:
+        f = float(v)
+    except (ValueError, OverflowError):
         return None
+    return int(f) if math.isfinite(f) else None  # "inf", "1e400": not a count
 
 
 def _float(value: str | None) -> float | None:
@@ -368,7 +369,11 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
             continue
         if name.endswith("_created"):
             continue
-        value = float(s.value)
+        try:
+            value = float(s.value)
+        except OverflowError:  # an integer token of hundreds of digits (the parser keeps ints)
+            rejected[name] = "rejected: a number too large for a float"
+            continue
         if not math.isfinite(value):
             # NaN or ±Inf never reach a field (a kv_cache_usage_perc of +Inf once stopped every
             # vLLM write); the sample is left out and named, so the refusal is counted.
@@ -439,7 +444,7 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
             if value >= 1.0 and labels["sleep_state"] is not None:
                 sleep[sk] = labels["sleep_state"]
         else:  # an unlabelled gauge: 0 awake, N = sleep level N
-            sleep[sk] = "awake" if value == 0 else f"level_{int(value)}"
+            sleep[sk] = "awake" if value == 0 else f"level_{int(value)}" if math.isfinite(value) else "unknown"
     cache: CacheConfig | None = None
     for key in sorted(samples.get(CACHE_CONFIG, {}), key=lambda k: str(dict(k).get("engine"))):
         cache = _cache_config(dict(key))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -393,7 +394,15 @@ def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
     return "full" if reading.has_vllm or stats else "limited"
 
 def _num(v: object) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A JSON number as a finite float; anything else (a bool, text, an integer too large for a
+    float, Infinity or NaN, which Python's JSON parser accepts) is no value."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 #: JSON ``/stats`` field → canonical field. vLLM has no such endpoint; these are the names such
@@ -424,7 +433,7 @@ def _stats_fields(doc: Any) -> dict[str, Any]:
         out["kv_cache_usage"] /= 100.0
     for k in ("block_size", "num_gpu_blocks"):
         if k in out:
-            out[k] = int(out[k])
+            out[k] = int(out[k])  # finite (_num)
     if "kv_cache_usage" not in out and out.get("num_gpu_blocks") and "free_blocks" in out and out["num_gpu_blocks"] > 1:
         out["kv_cache_usage"] = 1.0 - out["free_blocks"] / (out["num_gpu_blocks"] - 1)
     out.pop("free_blocks", None)
