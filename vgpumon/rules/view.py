@@ -15,6 +15,7 @@ from vgpumon import catalogue
 from vgpumon.model import fingerprint
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
+from vgpumon.store.tables import GpuEventRow, ProcessMemoryRow  # the store's row types, read by the rules
 
 if TYPE_CHECKING:
     from vgpumon.model import ServerState
@@ -66,26 +67,6 @@ def row_ts(row: Row) -> float:
     """A row's time: part of every stored row's key, never NULL (the other columns may be)."""
     return cast(float, row["ts"])
 
-
-class ProcessMemoryRow(TypedDict):
-    """One process's GPU memory at one tick (``Store.process_memory_series``)."""
-
-    gpu_id: int
-    process_id: int
-    pid: int
-    start_time: float | None
-    name: str | None
-    ts: float
-    used_gpu_memory_bytes: int | None
-
-
-class GpuEventRow(TypedDict):
-    """One event of a host's GPUs (``Store.gpu_events``); ``gpu_id`` ``None``: host-wide."""
-
-    ts: float
-    kind: str
-    gpu_id: int | None
-    detail: str
 
 #: Columns whose newest value is read for every GPU at once, the first time any is asked for: the
 #: catalogue's ``last``/``cumulative`` columns (what ``diagnose`` shows, and what the latched rules
@@ -255,14 +236,13 @@ class HostView:
         return self._memo(("xids", seconds), lambda: self.store.host_xid_events(self.hostname, self.at - seconds, self.at))
 
     def events(self, seconds: float) -> list[GpuEventRow]:
-        return self._memo(("events", seconds), lambda: cast("list[GpuEventRow]", self.store.gpu_events(
-            self.hostname, self.at - seconds, self.at, self.gpus)))  # the shape Store.gpu_events documents
+        return self._memo(("events", seconds), lambda: self.store.gpu_events(self.hostname, self.at - seconds, self.at, self.gpus))
 
     def process_memory(self, seconds: float) -> list[ProcessMemoryRow]:
         ids = [g.id for g in self.gpus]
         if self.prefetch is not None:
             return self.prefetch.process_memory(ids, self.at - seconds, self.at)
-        return self._memo(("procmem", seconds), lambda: _process_memory(self.store, ids, self.at - seconds, self.at))
+        return self._memo(("procmem", seconds), lambda: self.store.process_memory_series(ids, self.at - seconds, self.at))
 
     def rejections(self, seconds: float) -> dict[str, dict[str, tuple[int, str]]]:
         return self._memo(("rejected", seconds), lambda: self.store.rejections(self.hostname, self.at - seconds, self.at))
@@ -299,11 +279,6 @@ class HostView:
 
     def vllm_gpu_map(self, instance_id: int) -> "list[StoredGpuMapping]":
         return self._memo(("vllm_g", instance_id), lambda: self._vllm.gpu_map(instance_id))
-
-
-def _process_memory(store: Store, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]:
-    # the shape Store.process_memory_series documents
-    return cast("list[ProcessMemoryRow]", store.process_memory_series(gpu_ids, start, end))
 
 
 #: A ``Prefetch`` read: the span read, then per GPU its rows and their times (for bisecting).
@@ -358,7 +333,7 @@ class Prefetch:
     def process_memory(self, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]:
         if self._procmem is None or start < self._procmem[0] or end > self._procmem[1]:  # noqa: SIM102
             lo, hi = self._span(start, end)
-            self._procmem = (lo, hi, _process_memory(self.store, gpu_ids, lo, hi))
+            self._procmem = (lo, hi, self.store.process_memory_series(gpu_ids, lo, hi))
         return [r for r in self._procmem[2] if start <= r["ts"] <= end]
 
 
