@@ -9,31 +9,10 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-# Links and windows are written as diagnose writes them (``vgpumon.diagnose.schema``: a sibling
-# package, so not imported — the layer test keeps siblings apart).
-
-
-class Span(TypedDict):
-    """A stretch of time: ISO 8601 UTC ends and its length in seconds."""
-
-    start: str
-    end: str
-    seconds: float
-
-
-class Link(TypedDict):
-    """A PCIe link as trained now (``None`` where not reported)."""
-
-    generation: int | None
-    width: int | None
-
-
-class LinkCapacity(TypedDict):
-    """A PCIe link with its payload capacity per direction (FACTS §3)."""
-
-    generation: int | None
-    width: int | None
-    capacity_bytes_per_second: float | None
+# shared with the other report; re-exported for the review's readers
+from vgpumon.model.report_parts import Link as Link
+from vgpumon.model.report_parts import LinkCapacity as LinkCapacity
+from vgpumon.model.report_parts import Span as Span
 
 #: A minute's p95 as ``(epoch seconds, bytes/s)``, for the plots.
 Point = tuple[float, float]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from vgpumon.model.report_parts import Link, LinkCapacity, Span  # shared with the other report
+
 #: A report's (and its verdict's) status; the exit code follows it (0, 1, 2, 3).
 Status = Literal["ok", "warning", "critical", "unknown"]
 #: A health area's status, as DCGM's health watches report it.
@@ -21,30 +23,6 @@ HealthStatus = Literal["PASS", "WARN", "FAIL", "UNKNOWN"]
 
 
 # -- shared parts -------------------------------------------------------------------------------
-
-
-class Span(TypedDict):
-    """A stretch of time: ISO 8601 UTC ends and its length in seconds."""
-
-    start: str
-    end: str
-    seconds: float
-
-
-class Link(TypedDict):
-    """A PCIe link as trained now (``None`` where not reported)."""
-
-    generation: int | None
-    width: int | None
-
-
-class LinkCapacity(TypedDict):
-    """A PCIe link with its payload capacity per direction (FACTS §3; ``None`` when the
-    generation or width is unknown)."""
-
-    generation: int | None
-    width: int | None
-    capacity_bytes_per_second: float | None
 
 
 # -- findings and verdict -----------------------------------------------------------------------
