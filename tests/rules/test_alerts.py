@@ -109,6 +109,18 @@ def _alert(state: str = "firing") -> Alert:
                  runbook_url="docs/runbooks/GpuStuck.md")
 
 
+async def _receiver(routes: dict) -> tuple[web.AppRunner, int]:
+    """A real HTTP receiver on loopback serving POSTs on ``routes``; returns it and its port."""
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_post(path, handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
 def test_a_failing_webhook_is_retried_and_a_hanging_one_holds_nobody_up():
     """The webhook answers 503 twice, then 200; another sink's URL never answers. submit() returns
     at once, the first webhook gets the alert on the third try, and the hanging one is retried."""
@@ -127,13 +139,7 @@ def test_a_failing_webhook_is_retried_and_a_hanging_one_holds_nobody_up():
         return web.Response(status=200)
 
     async def go() -> Dispatcher:
-        app = web.Application()
-        app.router.add_post("/hook", handler)
-        app.router.add_post("/hang", hang)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runner, port = await _receiver({"/hook": handler, "/hang": hang})
         d = Dispatcher([WebhookSink(f"http://127.0.0.1:{port}/hook"), WebhookSink(f"http://127.0.0.1:{port}/hang", timeout=0.3)],
                        sleep=lambda s: asyncio.sleep(0.01))
         await d.start()
@@ -166,13 +172,7 @@ def test_a_webhook_that_redirects_is_not_followed():
         return web.Response(status=200)
 
     async def go() -> Dispatcher:
-        app = web.Application()
-        app.router.add_post("/hook", redirect)
-        app.router.add_post("/elsewhere", other)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runner, port = await _receiver({"/hook": redirect, "/elsewhere": other})
         d = Dispatcher([WebhookSink(f"http://127.0.0.1:{port}/hook")], sleep=lambda s: asyncio.sleep(0.01))
         await d.start()
         d.submit([_alert()])
