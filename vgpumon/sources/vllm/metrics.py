@@ -227,24 +227,20 @@ def _label(value: str | None) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
+    f = _float(value)
+    return None if f is None else int(f)
+
+
+def _float(value: str | None) -> float | None:
+    """A label's number, finite ("inf", "nan", "1e400" are no value: not a size or a ratio)."""
     v = _label(value)
     if v is None:
         return None
     try:
         f = float(v)
-    except (ValueError, OverflowError):
-        return None
-    return int(f) if math.isfinite(f) else None  # "inf", "1e400": not a count
-
-
-def _float(value: str | None) -> float | None:
-    v = _label(value)
-    if v is None:
-        return None
-    try:
-        return float(v)
     except ValueError:
         return None
+    return f if math.isfinite(f) else None
 
 
 def _bool(value: str | None) -> bool | None:
