@@ -89,11 +89,13 @@ def exit_code(report: Report) -> ExitCode:
     return SEVERITY_EXIT[report["status"]]
 
 
-def _finish(report: Report) -> Report:
+def _finish(report: Report, window: tuple[float, float] | None = None) -> Report:
+    """Order the findings and judge them; ``window`` (start, end): the stored episodes that
+    overlapped it go into the verdict too."""
     report["findings"] = order(report["findings"])
     report["verdict"] = verdict(report["findings"])
     report["status"] = report["verdict"]["status"]
-    report["verdict"]["earlier"] = _earlier_in_window(report)
+    report["verdict"]["earlier"] = [] if window is None else _earlier_in_window(report, *window)
     return report
 
 
@@ -140,14 +142,10 @@ def _stored_episodes(episodes: list[Alert], open_now: list[Alert], by_uuid: dict
     return out
 
 
-def _earlier_in_window(report: Report) -> list[Earlier]:
+def _earlier_in_window(report: Report, start: float, end: float) -> list[Earlier]:
     """Episodes of the stored history that overlapped the window (not only the look-back): the
     headline names them, so that it never says "nothing to act on" about a window that held an
     alert. The status (and the exit code) keeps judging the window's end."""
-    window = report["window"]
-    if not window:
-        return []
-    start, end = _epoch(window["start"]), _epoch(window["end"])
     # every stored episode fired (``_stored_episodes`` keeps only those)
     return [
         {"name": a["name"], "severity": a["severity"], "gpu": a["gpu"], "fired_at": fired,
@@ -155,12 +153,6 @@ def _earlier_in_window(report: Report) -> list[Earlier]:
         for a in report["alert_history"]
         if (fired := a["fired_at"]) is not None and fired <= end and (a["resolved_at"] is None or a["resolved_at"] >= start)
     ]
-
-
-def _epoch(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text).timestamp()
 
 
 def build_report(
@@ -341,7 +333,7 @@ def build_report(
             since=end, kind="stale",
             next_step="Check the agent on the host (systemctl status vgpumon-agent, or its pod); the store keeps the last data it wrote.",
         ))
-    _finish(report)
+    _finish(report, (start, end))
     for b in blocks:
         b["findings"] = [f for f in report["findings"] if (ref := f["gpu"]) is not None and ref["uuid"] == b["uuid"]]
     return report
