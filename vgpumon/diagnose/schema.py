@@ -38,8 +38,8 @@ class GpuRef(TypedDict):
     name: str | None
 
 
-class FindingXid(TypedDict):
-    """One XID code of an XID alert's finding: our table's words and its events in the look-back."""
+class XidWords(TypedDict):
+    """An XID code with our table's words for it (``vgpumon.catalogue.xid``)."""
 
     code: int
     mnemonic: str
@@ -47,6 +47,11 @@ class FindingXid(TypedDict):
     bucket: str
     action: str
     by_application: bool
+
+
+class FindingXid(XidWords):
+    """One XID code of an XID alert's finding: our table's words and its events in the look-back."""
+
     count: int
     times: list[str]
     first_ts: float
@@ -389,15 +394,9 @@ class XidEventEntry(TypedDict):
     ts: float
 
 
-class XidEntry(TypedDict):
+class XidEntry(XidWords):
     """One XID code of the look-back: our table's words and each event."""
 
-    code: int
-    mnemonic: str
-    meaning: str
-    bucket: str
-    action: str
-    by_application: bool
     events: list[XidEventEntry]
 
 
