@@ -383,3 +383,84 @@ def test_agent_rolls_up_and_prunes_while_sampling_without_losing_a_tick(db_url):
         assert rolled.get(m) == n or raw.get(m) == n, f"minute {m} lost ticks"
     if db_url.startswith("sqlite"):
         assert sum(raw.values()) < agent.stats.ticks * 8, "rolled-up raw rows were not pruned"
+
+
+# -- an agent maintains its own host ---------------------------------------------------------------
+
+
+def _add_hosts(store, url: str, copy_of: int, hosts: range, gpus_each: int = 8) -> None:
+    """Other hosts of a fleet: ``gpus_each`` GPUs each, every one holding a copy of GPU
+    ``copy_of``'s raw rows (as if its own agent had written them)."""
+    from vgpumon.store.codec import GPU_ROW_COLUMNS
+
+    cols = ", ".join(f'"{c}"' for c in GPU_ROW_COLUMNS[1:])
+    for h in hosts:
+        ids = store.register_gpus(f"fleet-{h}", [GpuIdentity(index=i, uuid=f"GPU-fleet-{h}-{i}") for i in range(gpus_each)])
+        with store.engine.begin() as conn:
+            for gpu_id in ids.values():
+                conn.execute(text(f'INSERT INTO gpu_samples ("gpu_id", {cols}) SELECT :g, {cols} FROM gpu_samples WHERE gpu_id = :src'),
+                             {"g": gpu_id, "src": copy_of})
+
+
+def _statements_of(store, fn) -> tuple[object, list[str]]:
+    """``fn()``'s result and every SQL statement it sent to the store."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:
+        sent.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        return fn(), sent
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+
+
+def _upkeep_of(store, hostname: str, clock, *, writing: bool = True) -> Retention:
+    """The retention job of ``hostname``'s agent, still writing its GPUs' rows or stopped."""
+    gpus = store.gpus_of(hostname) if writing else []
+    return Retention(store, clock=clock, host_id=store.host_id(hostname), active_gpus={g.id for g in gpus})
+
+
+def test_an_agents_upkeep_costs_the_same_in_a_fleet_of_2_hosts_as_of_50(db_url, store_of):
+    """Each agent's retention step used to walk every GPU of the shared store (two to three
+    statements per GPU), so the database's load grew with the square of the fleet."""
+    for host in "abc":
+        replay_into(db_url, hostname=host)
+    store = store_of(db_url)
+    newest = store.newest_ts([g.id for g in store.gpus_of("a")])
+    soon = lambda: newest + 30  # noqa: E731  the agent's steady state: nothing has expired yet
+    _upkeep_of(store, "c", soon).run()  # the first step of a day creates the day partitions ahead (Postgres)
+    small, sent_small = _statements_of(store, _upkeep_of(store, "a", soon).run)
+    _add_hosts(store, db_url, store.gpus_of("a")[0].id, range(48))  # 384 more GPUs
+    large, sent_large = _statements_of(store, _upkeep_of(store, "b", soon).run)
+    assert small.minutes_rolled_up == large.minutes_rolled_up > 0
+    assert len(sent_large) == len(sent_small), "\n".join(sent_large)
+    assert _count(db_url, "SELECT count(*) FROM rollup_watermarks") == 3  # a's, b's and c's GPU only
+
+
+def test_an_agent_rolls_up_and_prunes_only_its_own_host_and_db_prune_does_every_host(db_url, store_of):
+    a = replay_into(db_url, hostname="a")
+    replay_into(db_url, hostname="b")
+    store = store_of(db_url)
+    (ga,), (gb,) = store.gpus_of("a"), store.gpus_of("b")
+    newest = store.newest_ts([ga.id, gb.id])
+    later = lambda: newest + 4 * 86400  # noqa: E731  past the 72-h raw window
+    _upkeep_of(store, "a", later, writing=False).run()
+
+    def rolled(gpu_id: int) -> int:
+        return _count(db_url, f"SELECT coalesce(sum(samples), 0) FROM gpu_samples_1m WHERE gpu_id = {gpu_id}")  # noqa: S608
+
+    def raw(gpu_id: int) -> int:
+        return _count(db_url, f"SELECT count(*) FROM gpu_samples WHERE gpu_id = {gpu_id}")  # noqa: S608
+
+    assert rolled(ga.id) == a.stats.ticks and raw(ga.id) == 0
+    if db_url.startswith("sqlite"):
+        # b's rows are b's agent's to maintain: untouched until it or `db prune` runs
+        assert rolled(gb.id) == 0 and raw(gb.id) == a.stats.ticks
+        Retention(store, clock=later).run()
+    # On Postgres the expired day partition is the whole store's: b, silent for days (a host gone
+    # for good), held it back, so a rolled b's rows up before dropping it; nothing is lost.
+    assert rolled(gb.id) == a.stats.ticks and raw(gb.id) == 0

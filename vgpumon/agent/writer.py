@@ -300,6 +300,7 @@ class StoreWriter(AgentState):
         self._host_id = self._store_call(self.store.host_id, self.hostname)
         if self.retention is not None:
             self.retention.active_gpus = set(self._gpu_ids.values())
+            self.retention.host_id = self._host_id
         if self.sysfs_root is not None and self._host_id is not None:
             from vgpumon.sources.pcie_topology import read_topology
 

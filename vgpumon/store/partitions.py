@@ -84,12 +84,18 @@ def list_partitions(conn: Connection, table: str) -> list[tuple[str, int, int]]:
 
 
 def drop_before(conn: Connection, table: str, cutoff_ms: int, *, limit: int = 2) -> list[str]:
-    """Drop up to ``limit`` partitions of ``table`` that end at or before ``cutoff_ms``.
+    """Drop up to ``limit`` partitions of ``table`` that end at or before ``cutoff_ms``. Agents
+    sharing the database may try at once: whichever takes the DDL lock drops them, the others
+    drop nothing this time (the lock is released when the caller commits).
 
     Returns:
         Names of the partitions dropped (oldest first).
     """
     dropped: list[str] = []
+    if conn.dialect.name != "postgresql" or not conn.scalar(
+        text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": PARTITION_LOCK_KEY}
+    ):
+        return dropped
     for name, _, upper in list_partitions(conn, table):
         if upper <= cutoff_ms and len(dropped) < limit:
             conn.execute(text(f'DROP TABLE "{name}"'))

@@ -15,6 +15,13 @@ replays included). The newest minute of a GPU that stopped reporting is closed `
 later: for a GPU of the running agent (``active_gpus``) "later" is measured on the data of the
 agent's other GPUs (a replayed capture or a spool replay runs in the data's time, not the wall
 clock's); for any other GPU, on the wall clock.
+
+An agent (``host_id`` set) maintains its own host only: it rolls up and prunes the rows of its own
+GPUs, vLLM servers and host, so its cost on a shared store is the same in a fleet of 10 hosts as
+of 5 000. What is the store's as a whole runs as one statement each, whoever runs it: the
+expired day partitions on Postgres (dropped by whichever agent takes the DDL lock first, and only
+once every GPU of the store has rolled those days up, which one query says) and the age-based
+deletes. ``vgpumon db prune`` (no ``host_id``) maintains every host of the store.
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ class Retention:
         stale_after: seconds after which the newest minute of a silent GPU is rolled up anyway.
         active_gpus: ``gpus.id`` of the GPUs the calling agent is writing (see module docstring);
             the agent sets it after registering its GPUs.
+        host_id: ``hosts.id`` of the calling agent's host: only its rows are rolled up and pruned
+            (None: every host's, as ``vgpumon db prune`` does). The agent sets it with
+            ``active_gpus``.
         clock: wall clock, epoch seconds (``time.time``).
     """
 
@@ -78,6 +88,7 @@ class Retention:
         stale_after: float = 600.0,
         clock: Callable[[], float] = time.time,
         active_gpus: set[int] | None = None,
+        host_id: int | None = None,
     ) -> None:
         if rollup_retention_s < raw_retention_s:
             raise ValueError("rollups must be kept at least as long as raw rows")
@@ -89,6 +100,7 @@ class Retention:
         self.stale_after_ms = int(stale_after * 1000)
         self.clock = clock
         self.active_gpus: set[int] = set(active_gpus or ())
+        self.host_id = host_id
 
     def step(self) -> StepResult:
         """Do one bounded step of partition upkeep, rollups and pruning.
@@ -112,7 +124,7 @@ class Retention:
                     active_newest = conn.scalar(
                         text("SELECT max(ts) FROM gpu_samples WHERE gpu_id IN ({})".format(",".join(str(int(g)) for g in self.active_gpus)))  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
                     )
-                for gpu_id in conn.scalars(text("SELECT id FROM gpus ORDER BY id")).all():
+                for gpu_id in self._owners(conn, "gpus"):
                     n, more = self._rollup_gpu(conn, gpu_id, now, active_newest)
                     res.minutes_rolled_up += n
                     res.more |= more
@@ -137,6 +149,19 @@ class Retention:
             if not r.more:
                 break
         return total
+
+    def _owners(self, conn: Connection, table: str) -> list[int]:
+        """The ids in ``table`` (``hosts``, ``gpus`` or a vLLM instance table) this job maintains:
+        those of its own host, or every one."""
+        if self.host_id is None:
+            return [int(i) for i in conn.scalars(text(f'SELECT id FROM "{table}" ORDER BY id')).all()]  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
+        if table == "hosts":
+            return [self.host_id]
+        return [
+            int(i) for i in conn.scalars(
+                text(f'SELECT id FROM "{table}" WHERE host_id = :h ORDER BY id'), {"h": self.host_id}  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
+            ).all()
+        ]
 
     # -- rollups -------------------------------------------------------------------------------
 
@@ -174,46 +199,39 @@ class Retention:
 
     # -- pruning -------------------------------------------------------------------------------
 
-    def _raw_safe_until(self, conn: Connection, cutoff: int) -> int:
-        """Newest time before which every GPU's raw rows are rolled up, capped at ``cutoff``."""
-        safe = cutoff
-        for gpu_id, wm in conn.execute(
-            text("SELECT g.id, w.rolled_until FROM gpus g LEFT JOIN rollup_watermarks w ON w.gpu_id = g.id")
-        ).all():
-            if wm is None:
-                oldest = conn.scalar(text("SELECT min(ts) FROM gpu_samples WHERE gpu_id = :g"), {"g": gpu_id})
-                if oldest is not None:
-                    safe = min(safe, int(oldest))
-            elif conn.scalar(text("SELECT 1 FROM gpu_samples WHERE gpu_id = :g AND ts >= :w LIMIT 1"), {"g": gpu_id, "w": wm}):
-                safe = min(safe, int(wm))  # rows past the watermark wait for their rollup
-        return safe
+    def _raw_safe_until(self, conn: Connection, cutoff: int, gpu_ids: list[int] | None) -> int:
+        """Newest time before which the raw rows of ``gpu_ids`` (None: every GPU of the store) are
+        rolled up, capped at ``cutoff``: one statement, whatever the number of GPUs (a GPU with no
+        watermark holds back at its oldest row, one with rows past its watermark at the watermark)."""
+        only = "" if gpu_ids is None else "WHERE g.id IN ({})".format(",".join(str(int(g)) for g in gpu_ids) or "NULL")
+        held = conn.scalar(text(
+            "SELECT min(CASE WHEN w.rolled_until IS NULL THEN (SELECT min(s.ts) FROM gpu_samples s WHERE s.gpu_id = g.id) "  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
+            "WHEN EXISTS (SELECT 1 FROM gpu_samples s WHERE s.gpu_id = g.id AND s.ts >= w.rolled_until) THEN w.rolled_until END) "
+            f"FROM gpus g LEFT JOIN rollup_watermarks w ON w.gpu_id = g.id {only}"
+        ))
+        return cutoff if held is None else min(cutoff, int(held))
 
     def _prune(self, conn: Connection, now: int, res: StepResult) -> None:
         raw_cutoff = now - self.raw_retention_ms
-        targets = [("gpu_samples", self._raw_safe_until(conn, raw_cutoff))]
+        # the agent's own host only: a constant clause, the values bound
+        own = "" if self.host_id is None else " AND host_id = :h"
+        args = {"u": now - self.rollup_retention_ms, "h": self.host_id}
+        # Host events explain steps and gaps in long trends: they live as long as the rollups. So do
+        # resolved alert episodes (diagnose's and capacity's history); open ones stay whatever their age.
+        for delete in ("DELETE FROM host_events WHERE ts < :u", "DELETE FROM alerts WHERE resolved_at IS NOT NULL AND resolved_at < :u"):
+            res.rows_deleted += max(conn.execute(text(delete + own), args).rowcount, 0)
+        conn.commit()
+        if conn.dialect.name == "postgresql":
+            self._drop_partitions(conn, now, raw_cutoff, res)
+            return
+        gpu_ids = None if self.host_id is None else self._owners(conn, "gpus")
+        targets = [("gpu_samples", self._raw_safe_until(conn, raw_cutoff, gpu_ids))]
         targets += [(t, raw_cutoff) for t in TIME_TABLES if t not in {"gpu_samples", "gpu_samples_1m"}]
         targets.append(("gpu_samples_1m", now - self.rollup_retention_ms))
-        # Host events explain steps and gaps in long trends: they live as long as the rollups.
-        res.rows_deleted += max(
-            conn.execute(text("DELETE FROM host_events WHERE ts < :u"), {"u": now - self.rollup_retention_ms}).rowcount, 0
-        )
-        # So do resolved alert episodes (diagnose's and capacity's history); open ones stay whatever their age.
-        res.rows_deleted += max(
-            conn.execute(
-                text("DELETE FROM alerts WHERE resolved_at IS NOT NULL AND resolved_at < :u"), {"u": now - self.rollup_retention_ms}
-            ).rowcount, 0,
-        )
-        conn.commit()
         for table, until in targets:
-            if conn.dialect.name == "postgresql":
-                dropped = partitions.drop_before(conn, table, until, limit=2)
-                res.partitions_dropped += dropped
-                res.more |= len(dropped) == 2
-                continue
             key = TIME_TABLES[table]
             (fk,) = metadata.tables[table].c[key].foreign_keys
-            owners = fk.column.table.name
-            for owner in conn.scalars(text(f"SELECT id FROM {owners} ORDER BY id")).all():  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
+            for owner in self._owners(conn, fk.column.table.name):
                 # the ts of the max_delete_rows-th oldest row bounds this step's delete (PK seek)
                 bound = conn.scalar(
                     text(f'SELECT ts FROM "{table}" WHERE {key} = :k AND ts < :u ORDER BY ts LIMIT 1 OFFSET :n'),  # noqa: S608  identifiers come from the schema, never from input; values are bound parameters
@@ -224,3 +242,40 @@ class Retention:
                 res.rows_deleted += max(n, 0)
                 res.more |= bound is not None
                 conn.commit()
+
+    def _drop_partitions(self, conn: Connection, now: int, raw_cutoff: int, res: StepResult) -> None:
+        """Drop the expired day partitions (Postgres): the store's as a whole, so the raw ones go
+        only once every GPU of the store has rolled them up. A GPU that holds them back and has
+        stopped reporting (a host gone for good) is rolled up here, by whichever agent finds it,
+        a few minutes per step, so a dead host never blocks the drops."""
+        targets = [(t, raw_cutoff) for t in TIME_TABLES if t != "gpu_samples_1m"]
+        targets.append(("gpu_samples_1m", now - self.rollup_retention_ms))
+        for table, until in targets:
+            expired = [upper for _, _, upper in partitions.list_partitions(conn, table) if upper <= until]
+            if not expired:
+                continue
+            if table == "gpu_samples":
+                until = self._raw_safe_until(conn, min(until, max(expired)), None)
+                if until < min(expired):
+                    if self.host_id is not None:  # (db prune has rolled up every GPU already)
+                        self._roll_up_held_back(conn, now, min(expired), res)
+                    continue
+            dropped = partitions.drop_before(conn, table, until, limit=2)
+            res.partitions_dropped += dropped
+            res.more |= len(dropped) == 2
+            conn.commit()
+
+    def _roll_up_held_back(self, conn: Connection, now: int, until: int, res: StepResult) -> None:
+        """Roll up (up to 16 per step) the GPUs of other hosts whose raw rows before ``until`` are
+        not rolled up yet and which have reported nothing for ``stale_after``."""
+        held = conn.execute(text(
+            "SELECT g.id FROM gpus g LEFT JOIN rollup_watermarks w ON w.gpu_id = g.id WHERE g.host_id <> :h "
+            "AND EXISTS (SELECT 1 FROM gpu_samples s WHERE s.gpu_id = g.id AND s.ts < :u "
+            "AND s.ts >= coalesce(w.rolled_until, s.ts)) "
+            "AND (SELECT max(s.ts) FROM gpu_samples s WHERE s.gpu_id = g.id) < :silent ORDER BY g.id LIMIT 16"
+        ), {"u": until, "h": self.host_id, "silent": now - MINUTE_MS - self.stale_after_ms}).scalars().all()
+        for gpu_id in held:
+            n, more = self._rollup_gpu(conn, int(gpu_id), now, None)
+            res.minutes_rolled_up += n
+            res.more |= more or n > 0
+            conn.commit()
