@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() == 0:
             os.chmod(tmp, 0o755)  # noqa: S103  the private Postgres runs as the postgres user and needs to reach its directory
         result = {"postgres": postgres_part(tmp, log), "sqlite": sqlite_part(tmp, log)}
-        agent_log = log.read_text(errors="replace").splitlines() if log.exists() else []
+        agent_log = [line.replace(d, "<tmp>") for line in log.read_text(errors="replace").splitlines()] if log.exists() else []
     result["seconds"] = round(time.monotonic() - started, 1)
     result["agent_tracebacks"] = sum(1 for line in agent_log if line.startswith("Traceback"))
     result["agent_log"] = [line for line in agent_log if "spool" in line or "store" in line or "vLLM" in line][:40]
