@@ -52,6 +52,8 @@ class ExporterPlan(TypedDict):
     listen: str
     metrics_file: str | None
     kubelet_socket: str | None
+    otlp_url: str | None
+    otlp_interval: float
 
 
 #: A value of ``[rules.thresholds]`` as the settings file gave it: a number, a duration string,

@@ -99,7 +99,7 @@ def make_plan(
         "vllm": {"enabled": settings.vllm.enabled, "urls": list(settings.vllm.urls), "interval": settings.vllm.interval},
         "exporter": {
             "listen": ex.listen, "metrics_file": None if ex.metrics_file is None else str(ex.metrics_file),
-            "kubelet_socket": ex.kubelet_socket,
+            "kubelet_socket": ex.kubelet_socket, "otlp_url": ex.otlp_url, "otlp_interval": ex.otlp_interval,
         },
         "rules": {"enabled": r.enabled, "thresholds": dict(r.thresholds), "webhooks": list(r.webhooks), "alertmanagers": list(r.alertmanagers)},
         "api": {
@@ -223,6 +223,12 @@ def run(plan: Plan) -> int:
         store_deadline=store_deadline(st["statement_timeout_s"], st["busy_timeout_ms"] / 1000, st["connect_timeout_s"]),
     )
     api = api_config(plan)
+    otlp = None
+    if ex["otlp_url"]:
+        from vgpumon.exporter.otlp import OtlpPusher
+
+        otlp = OtlpPusher(ex["otlp_url"], a["hostname"], interval=ex["otlp_interval"], tick_interval=a["interval"])
+        runner.observers.append(otlp.observe)
     # What exists now (modules, the catalogue, SQLAlchemy's tables and caches) lives as long as the
     # process: out of the collector's reach, a full collection no longer walks it every time.
     import gc
@@ -242,6 +248,8 @@ def run(plan: Plan) -> int:
             ) from None
         raise
     finally:
+        if otlp is not None:
+            otlp.shutdown()  # the last push
         store.close()
     say = _echo_err
     say(f"vgpumon agent: {stats.ticks} ticks of {stats.gpus} GPU(s), {stats.rows_written} rows stored in {st['url']}")

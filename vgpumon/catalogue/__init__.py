@@ -213,6 +213,14 @@ def _prom(f: Field) -> str:
     return "—"
 
 
+def _otel(f: Field) -> str:
+    """Where ``--otlp`` pushes a field under an OpenTelemetry convention's name."""
+    if not f.otel:
+        return ""
+    attrs = ", ".join(f'{k}="{v}"' for k, v in f.otel_attrs.items())
+    return f" OTLP: `{f.otel}{{{attrs}}}`." if attrs else f" OTLP: `{f.otel}`."
+
+
 def render_markdown() -> str:
     """The metrics reference as Markdown (the content of ``docs/metrics.md``)."""
     lines = [
@@ -246,6 +254,6 @@ def render_markdown() -> str:
                 decode = f" Codes: {decode}{' …' if len(shown) > 9 else ''}."
             lines.append(
                 f"| `{f.name}` | {f.kind} | {f.unit} | {_range(f)} | {f.source} | {f.cadence} | {_prom(f)} | "
-                f"{names} | {', '.join(f.rollup or ()) or '—'} | {f.help}{decode}{' ' + f.note if f.note else ''} |"
+                f"{names} | {', '.join(f.rollup or ()) or '—'} | {f.help}{decode}{' ' + f.note if f.note else ''}{_otel(f)} |"
             )
     return "\n".join(lines) + "\n"

@@ -174,6 +174,11 @@ class Field:
             before the window's end: counters and latched flags the slow set reads every few
             ticks); empty when the report does not read it.
         note: anything a reader of ``docs/metrics.md`` should know.
+        otel: the OpenTelemetry semantic-convention metric that carries it (``hw.gpu.*``,
+            ``hw.power``, ...), pushed by ``--otlp`` with ``otel_attrs`` on each point; ``None``:
+            pushed as ``vgpumon.gpu.<name>`` (``vgpumon.exporter.otlp``).
+        otel_attrs: the attributes that tell this field apart within ``otel`` (the direction of
+            ``hw.gpu.io``, the task of ``hw.gpu.utilization``).
     """
 
     name: str
@@ -200,6 +205,8 @@ class Field:
     diagnose: tuple[str, ...] = ()
     required: bool = False
     note: str = ""
+    otel: str | None = None
+    otel_attrs: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Defaults derived from kind and unit, so that each entry states only what is its own.

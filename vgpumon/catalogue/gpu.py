@@ -164,7 +164,7 @@ SAMPLES: tuple[Field, ...] = (
         "memory_used_bytes", "gauge", "bytes", "Device memory used by processes (memory v2: driver-reserved excluded).",
         "nvmlDeviceGetMemoryInfo(v2).used; v1 used (reserved included) on drivers without v2", INT64, lo=0, hi=_GIB48,
         limit="memory_total", rollup=("min", "mean", "max", "p50", "p95", "p99"),
-        prometheus="vgpumon_gpu_memory_used_bytes", smi="memory.used", dcgm="DCGM_FI_DEV_FB_USED",
+        prometheus="vgpumon_gpu_memory_used_bytes", otel="hw.gpu.memory.usage", smi="memory.used", dcgm="DCGM_FI_DEV_FB_USED",
         diagnose=("window", "last"), label="memory used",
     ),
     _sample(
@@ -175,14 +175,14 @@ SAMPLES: tuple[Field, ...] = (
     ),
     _sample(
         "memory_total_bytes", "gauge", "bytes", "Device memory total.", "nvmlDeviceGetMemoryInfo.total", INT64,
-        lo=0, hi=_GIB48, rollup=("last",), prometheus="vgpumon_gpu_memory_total_bytes", smi="memory.total",
+        lo=0, hi=_GIB48, rollup=("last",), prometheus="vgpumon_gpu_memory_total_bytes", otel="hw.gpu.memory.limit", smi="memory.total",
         dcgm="DCGM_FI_DEV_FB_TOTAL", diagnose=("last",), label="memory total",
     ),
     _sample(
         "utilization_gpu_ratio", "gauge", "ratio",
         "Share of time any kernel or copy ran (utilization.gpu): not SM activity; a copy reads 1.",
         "nvmlDeviceGetUtilizationRates().gpu % / 100", RATIO, lo=0, hi=1,
-        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_utilization_ratio",
+        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_utilization_ratio", otel="hw.gpu.utilization", otel_attrs={"hw.gpu.task": "general"},
         smi="utilization.gpu", dcgm="DCGM_FI_DEV_GPU_UTIL", diagnose=("window",), label="GPU util (busy time)",
         note="None under MIG",
     ),
@@ -219,7 +219,7 @@ SAMPLES: tuple[Field, ...] = (
         "PCIe bytes sent by the GPU per second, averaged over the tick (GPM), protocol overhead included.",
         "GPM PCIE_TX_PER_SEC (20) MiB/s × 2^20; without GPM nvmlDeviceGetPcieThroughput(TX) KB/s × 1000 "
         "(20 ms window, poller thread)", BYTES_PER_SECOND, lo=0, hi=_PCIE_MAX, limit="pcie_link",
-        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_tx_bytes_per_second",
+        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_tx_bytes_per_second", otel="hw.gpu.io", otel_attrs={"network.io.direction": "transmit"},
         smi="-q: PCI Tx Throughput", dcgm="DCGM_FI_PROF_PCIE_TX_BYTES", diagnose=("window",), label="PCIe TX",
     ),
     _sample(
@@ -227,7 +227,7 @@ SAMPLES: tuple[Field, ...] = (
         "PCIe bytes received by the GPU per second, averaged over the tick (GPM), protocol overhead included.",
         "GPM PCIE_RX_PER_SEC (21) MiB/s × 2^20; without GPM nvmlDeviceGetPcieThroughput(RX) KB/s × 1000 "
         "(20 ms window, poller thread)", BYTES_PER_SECOND, lo=0, hi=_PCIE_MAX, limit="pcie_link",
-        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_rx_bytes_per_second",
+        rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_pcie_rx_bytes_per_second", otel="hw.gpu.io", otel_attrs={"network.io.direction": "receive"},
         smi="-q: PCI Rx Throughput", dcgm="DCGM_FI_PROF_PCIE_RX_BYTES", diagnose=("window",), label="PCIe RX",
     ),
     _sample(
@@ -248,7 +248,7 @@ SAMPLES: tuple[Field, ...] = (
     ),
     _sample(
         "power_watts", "gauge", "watts", "Power draw of the board.", "nvmlDeviceGetPowerUsage mW / 1000", WATTS,
-        lo=0, hi=5000, rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_power_usage_watts",
+        lo=0, hi=5000, rollup=("min", "mean", "max", "p50", "p95", "p99"), prometheus="vgpumon_gpu_power_usage_watts", otel="hw.power",
         smi="power.draw", dcgm="DCGM_FI_DEV_POWER_USAGE", diagnose=("window",), label="power",
         note="5 kW bound: above any board (H200 700 W, GB300 1.4 kW)",
     ),
@@ -273,14 +273,14 @@ SAMPLES: tuple[Field, ...] = (
         "ecc_corrected_volatile_total", "counter", "count",
         "Corrected (single-bit) ECC errors since the driver loaded.",
         "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)", INT64, cadence="slow", **_COUNT,
-        prometheus="vgpumon_gpu_ecc_corrected_volatile_errors_total", smi="ecc.errors.corrected.volatile.total",
+        prometheus="vgpumon_gpu_ecc_corrected_volatile_errors_total", otel="hw.errors", otel_attrs={"error.type": "ecc_corrected"}, smi="ecc.errors.corrected.volatile.total",
         dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", display="count", diagnose=("cumulative",), label="ECC corrected volatile",
     ),
     _sample(
         "ecc_uncorrected_volatile_total", "counter", "count",
         "Uncorrected (double-bit) ECC errors since the driver loaded: any is a reason to drain and reset.",
         "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", INT64, cadence="slow", **_COUNT,
-        prometheus="vgpumon_gpu_ecc_uncorrected_volatile_errors_total", smi="ecc.errors.uncorrected.volatile.total",
+        prometheus="vgpumon_gpu_ecc_uncorrected_volatile_errors_total", otel="hw.errors", otel_attrs={"error.type": "ecc_uncorrected"}, smi="ecc.errors.uncorrected.volatile.total",
         dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", display="count", diagnose=("cumulative",),
         label="ECC uncorrected volatile",
     ),
@@ -300,7 +300,7 @@ SAMPLES: tuple[Field, ...] = (
     _sample(
         "energy_joules_total", "counter", "joules", "Energy the board used since the driver loaded.",
         "nvmlDeviceGetTotalEnergyConsumption mJ / 1000", JOULES, cadence="minute", lo=0, hi=COUNT_MAX / 1000,
-        prometheus="vgpumon_gpu_energy_joules_total", dcgm="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", label="energy",
+        prometheus="vgpumon_gpu_energy_joules_total", otel="hw.energy", dcgm="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", label="energy",
         note="2.8–3.3 ms of CPU per call on the H200 (FACTS §1): read each minute",
     ),
     _sample(

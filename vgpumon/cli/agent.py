@@ -114,6 +114,18 @@ def agent(
             help="The kubelet's pod-resources socket, for pod/namespace/container labels (default /var/lib/kubelet/pod-resources/kubelet.sock; off to skip; a replay asks none unless given; setting exporter.kubelet_socket).",
         ),
     ] = None,
+    otlp: Annotated[
+        Optional[str],
+        typer.Option(
+            "--otlp",
+            help="Also push the GPU fields over OTLP/HTTP to this OpenTelemetry collector, e.g. http://otel-collector:4318 "
+            "(hw.gpu.* names; headers from OTEL_EXPORTER_OTLP_HEADERS; needs the otlp extra; VGPUMON_OTLP_URL, setting exporter.otlp_url).",
+        ),
+    ] = None,
+    otlp_interval: Annotated[
+        Optional[str],
+        typer.Option("--otlp-interval", help="Time between OTLP pushes (default 15s; setting exporter.otlp_interval)."),
+    ] = None,
     no_rules: Annotated[bool, typer.Option("--no-rules", help="Do not evaluate the rules (no alerts; setting rules.enabled).")] = False,
     alert_webhook: Annotated[
         Optional[list[str]],
@@ -159,6 +171,8 @@ def agent(
             ("exporter", "listen"): ("--listen", listen),
             ("exporter", "metrics_file"): ("--metrics-file", metrics_file),
             ("exporter", "kubelet_socket"): ("--kubelet-socket", kubelet_socket),
+            ("exporter", "otlp_url"): ("--otlp", otlp),
+            ("exporter", "otlp_interval"): ("--otlp-interval", otlp_interval),
             ("rules", "enabled"): ("--no-rules", False if no_rules else None),
             ("rules", "webhooks"): ("--alert-webhook", alert_webhook or None),
             ("rules", "alertmanagers"): ("--alertmanager", alertmanager or None),

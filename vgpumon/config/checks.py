@@ -48,7 +48,12 @@ def normalise_vllm_url(text: str) -> str:
     return url.rstrip("/")
 
 
-def check_alert_url(text: str) -> str:
+def check_otlp_url(text: str | None) -> str | None:
+    """An OpenTelemetry collector's OTLP/HTTP URL (``http(s)://host:4318`` or its ``/v1/metrics``)."""
+    return None if text is None else check_alert_url(text, example="http://otel-collector:4318")
+
+
+def check_alert_url(text: str, example: str = "http://alertmanager:9093") -> str:
     """Where alerts are sent (a webhook, an Alertmanager): an ``http(s)://host[:port][/path]``
     URL, scheme written out (a typo must not become a host name that is never reached).
 
@@ -62,9 +67,9 @@ def check_alert_url(text: str) -> str:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
     except ValueError:
-        raise ValueError(f"{raw!r} is not a URL (e.g. http://alertmanager:9093)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in raw):
-        raise ValueError(f"{raw!r} is not an http(s) URL of a host (e.g. http://alertmanager:9093)")
+        raise ValueError(f"{raw!r} is not a URL (e.g. {example})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() or not c.isprintable() for c in raw):
+        raise ValueError(f"{raw!r} is not an http(s) URL of a host (e.g. {example})")
     return raw
 
 

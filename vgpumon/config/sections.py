@@ -17,6 +17,7 @@ from vgpumon.config.checks import (
     check_alert_urls,
     check_hostname,
     check_listen,
+    check_otlp_url,
     check_store_url,
     normalise_vllm_url,
     split_words,
@@ -146,6 +147,12 @@ class ExporterSettings(_Section):
         description="the kubelet's pod-resources socket for pod/namespace/container labels; "
         "default /var/lib/kubelet/pod-resources/kubelet.sock where it exists; off to skip",
     )
+    otlp_url: Annotated[Optional[str], AfterValidator(check_otlp_url)] = Field(
+        default=None,
+        description="also push the GPU fields over OTLP/HTTP to this collector (base URL or its /v1/metrics; "
+        "headers from OTEL_EXPORTER_OTLP_HEADERS); needs the otlp extra",
+    )
+    otlp_interval: Annotated[float, _duration(1, 3600)] = Field(default=15.0, description="time between OTLP pushes")
 
 
 class ApiSettings(_Section):

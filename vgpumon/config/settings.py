@@ -34,6 +34,7 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
     "VGPUMON_LISTEN": ("exporter", "listen"),
     "VGPUMON_METRICS_FILE": ("exporter", "metrics_file"),
     "VGPUMON_KUBELET_SOCKET": ("exporter", "kubelet_socket"),
+    "VGPUMON_OTLP_URL": ("exporter", "otlp_url"),
     "VGPUMON_ALERT_WEBHOOKS": ("rules", "webhooks"),
     "VGPUMON_ALERTMANAGERS": ("rules", "alertmanagers"),
     "VGPUMON_VLLM_URLS": ("vllm", "urls"),
