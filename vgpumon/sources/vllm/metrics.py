@@ -28,10 +28,19 @@ Rules (FACTS §5):
   data-parallel engine), ``model_name`` is the served name (a LoRA adapter is its own name).
 * Renamed metrics are read through ``ALIASES`` (new name first). The ambiguous prefix-cache
   counters are interpreted with the server's version (``/version``).
+* **Ray Serve** re-exports vLLM's metrics as ``ray_vllm_<name>`` (``vllm:`` → ``ray_vllm_``) with
+  Ray's labels: they are read as the ``vllm:`` ones. ``ReplicaId`` tells the replicas apart and
+  becomes part of the engine (``<ReplicaId>/<engine>``), so totals add replicas up and the KV
+  maximum is the fullest replica's; Ray's other labels (``WorkerId``, ``Component``,
+  ``NodeAddress``, ``SessionName``, ``Version``) are reduced with max, like ``pid``.
+* A family whose ``# HELP`` says it is deprecated is read as usual, and named in
+  ``MetricsReading.deprecated`` (logged once per process and metric): vLLM hides a deprecated
+  metric one minor release later and removes it the next (FACTS §5).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +49,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prometheus_client.samples import Sample
 
+log = logging.getLogger(__name__)
+
 PREFIX = "vllm:"
+#: Ray Serve's re-export of vLLM's metrics (``ray_vllm_num_requests_running``); FACTS §5.
+RAY_PREFIX = "ray_vllm_"
+#: Ray's own labels on its re-export, reduced with max like ``pid`` (one process's view each).
+RAY_LABELS = frozenset({"WorkerId", "Component", "NodeAddress", "SessionName", "Version"})
+REPLICA = "ReplicaId"
+
+
+def canonical_name(name: str) -> str:
+    """``ray_vllm_num_requests_running`` → ``vllm:num_requests_running``; others unchanged."""
+    return PREFIX + name[len(RAY_PREFIX):] if name.startswith(RAY_PREFIX) else name
 
 #: Canonical field → metric names that carry it, newest first. Sample names as exposed (counters
 #: with ``_total``). Versions from FACTS §5 and vLLM's docs/design/metrics.md.
@@ -164,6 +185,9 @@ class MetricsReading:
             parser) and were left out: more than 0 makes the telemetry partial.
         rejected: metric name → why its value was refused (NaN, ±Inf): left out, like an
             absent metric, and counted by the source.
+        replicas: Ray Serve's ``ReplicaId`` values when the exposition is Ray's re-export
+            (``ray_vllm_*``), sorted; empty for a vLLM server's own ``/metrics``.
+        deprecated: the ``vllm:`` families whose ``# HELP`` says deprecated, sorted.
     """
 
     has_vllm: bool
@@ -174,6 +198,8 @@ class MetricsReading:
     sources: Mapping[str, str]
     lines_dropped: int = 0
     rejected: Mapping[str, str] = field(default_factory=dict)
+    replicas: tuple[str, ...] = ()
+    deprecated: tuple[str, ...] = ()
 
     def gauge_total(self, name: str) -> float | None:
         """Sum of a canonical gauge over series; ``None`` when no series has it."""
@@ -277,6 +303,7 @@ class _Lines:
         self.given = 0
         self.has_vllm = False
         self.counters: set[str] = set()
+        self.deprecated: set[str] = set()
 
     def _raw(self) -> Iterator[str | bytes | bytearray]:
         buf, start, n = self.body, 0, len(self.body)
@@ -302,10 +329,12 @@ class _Lines:
                 continue
             if line.startswith("#"):
                 parts = line.split(None, 3)
-                if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(PREFIX):
+                if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and canonical_name(parts[2]).startswith(PREFIX):
                     self.has_vllm = True  # a family without samples (vllm PR 1890) still says "on"
                     if parts[1] == "TYPE" and len(parts) == 4 and parts[3].strip() == "counter" and not parts[2].endswith("_total"):
                         self.counters.add(parts[2])
+                    elif parts[1] == "HELP" and len(parts) == 4 and "deprecated" in parts[3].lower():
+                        self.deprecated.add(canonical_name(parts[2]).removesuffix("_created").removesuffix("_total"))
                 continue
             self.given += 1
             yield line
@@ -357,10 +386,12 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
     models: set[str] = set()
     rejected: dict[str, str] = {}
     lines = _Lines(body)
+    replicas: set[str] = set()
     for s in _samples(lines):
         name: str = s.name
         if name in lines.counters:
             name += "_total"
+        name = canonical_name(name)
         if not name.startswith(PREFIX):
             continue
         if name.endswith("_created"):
@@ -375,7 +406,11 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
             # vLLM write); the sample is left out and named, so the refusal is counted.
             rejected[name] = f"rejected: {'NaN' if math.isnan(value) else f'infinite: {value!r}'}"
             continue
-        labels = {k: _label(v) for k, v in s.labels.items() if k != "pid"}
+        labels = {k: _label(v) for k, v in s.labels.items() if k != "pid" and k not in RAY_LABELS}
+        replica = labels.pop(REPLICA, None)
+        if replica is not None:  # Ray Serve: each replica's engines are engines of their own
+            replicas.add(replica)
+            labels["engine"] = f"{replica}/{labels.get('engine') or '0'}"
         if labels.get("engine") is not None:
             engines.add(labels["engine"])  # type: ignore[arg-type]
         if labels.get("model_name") is not None:
@@ -463,7 +498,21 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         sources=sources,
         lines_dropped=lines.dropped,
         rejected=rejected,
+        replicas=tuple(sorted(replicas)),
+        deprecated=_said_deprecated(lines.deprecated),
     )
+
+
+_DEPRECATED_SAID: set[str] = set()
+
+
+def _said_deprecated(names: set[str]) -> tuple[str, ...]:
+    """The deprecated families, sorted; each logged the first time this process sees it."""
+    for name in sorted(names - _DEPRECATED_SAID):
+        _DEPRECATED_SAID.add(name)
+        log.info("vLLM serves %s, which its HELP marks deprecated: read as usual until vLLM removes it "
+                 "(deprecated in X.Y, hidden in X.Y+1, removed in X.Y+2)", name)
+    return tuple(sorted(names))
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
