@@ -1,6 +1,9 @@
 """Files given on the command line are read as what they claim to be: a regular file of bounded
 size. ``--config /dev/zero`` used to read until memory ran out, a FIFO hung the command; both
-are now one line (exit 65, the caller's error class)."""
+are now one line (exit 65, the caller's error class).
+
+Files the agent creates are private whatever umask it was started under (``PRIVATE_FILE_MODE``,
+``PRIVATE_DIR_MODE``; docs/security.md, "Files")."""
 
 from __future__ import annotations
 
@@ -49,3 +52,47 @@ def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+#: What the agent writes (the SQLite store and its journals, the spool's batches, the
+#: dead-letter file, the migration lock) holds GPU process command lines, host facts and rows
+#: not yet stored: read and written by its owner, read by its group (an on-call group that runs
+#: ``vgpumon diagnose --db``), nothing for others, whatever the umask it was started under.
+PRIVATE_FILE_MODE = 0o640
+#: The directories it creates for them: the same, with the group allowed in.
+PRIVATE_DIR_MODE = 0o750
+
+
+def make_private_dirs(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates ``PRIVATE_DIR_MODE`` or narrower (a umask can
+    only take rights away from the mode asked for); existing ones are left as they are.
+
+    Raises:
+        OSError: a directory cannot be created.
+    """
+    missing = []
+    at = path
+    while not at.exists() and at.parent != at:
+        missing.append(at)
+        at = at.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            # made meanwhile by another process
+
+
+def open_private(path: Path | str, mode: str = "w") -> int:
+    """A file descriptor of ``path`` opened for writing (``"w"``: truncated, ``"a"``: appended,
+    ``"x"``: created, failing if it exists); created ``PRIVATE_FILE_MODE`` when it does not
+    exist (the umask can only narrow it). An existing file keeps its mode: an operator's
+    choice. Wrap it with ``os.fdopen``.
+
+    Raises:
+        OSError: it cannot be opened or created.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    flags |= {"w": os.O_TRUNC, "a": os.O_APPEND, "x": os.O_EXCL}[mode]
+    return os.open(path, flags, PRIVATE_FILE_MODE)
