@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import aiohttp
 
 from vgpumon import catalogue
-from vgpumon.catalogue import Door
+from vgpumon.catalogue import Door, Rejected
+from vgpumon.catalogue.vllm import ENGINE_KEY_LENGTHS
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.activity import GpuActivityLog
@@ -195,11 +196,14 @@ class ServerScraper:
             srv = TrackedServer(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
             self._servers[(ident.host, ident.port)] = srv
             lc = srv.lifecycle
-        if (v := replies.get("version")) is not None and (doc := v.json()) and isinstance(doc, dict):
-            srv.version = str(doc.get("version")) if doc.get("version") is not None else None
-        if (m := replies.get("models")) is not None and (doc := m.json()) and isinstance(doc, dict):
-            ids = [d.get("id") for d in doc.get("data", []) if isinstance(d, dict) and d.get("id")]
-            srv.models = tuple(str(i) for i in ids)
+        # text from outside through the door (its length, no NUL), JSON of the wrong shape no
+        # answer: a refused version or model name costs only itself, and both stores hold the same
+        refused: dict[str, str] = {}
+        if (v := replies.get("version")) is not None and isinstance(doc := v.json(), dict) and doc.get("version") is not None:
+            srv.version = self._text("version", doc["version"], None, refused)
+        if (m := replies.get("models")) is not None and isinstance(doc := m.json(), dict) and isinstance(doc.get("data"), list):
+            ids = [d["id"] for d in doc["data"] if isinstance(d, dict) and d.get("id") not in (None, "")]
+            srv.models = self._texts("model", ids, ENGINE_KEY_LENGTHS["model_name"], refused) or None
 
         reading: MetricsReading | None = None
         metrics: Reply = replies["metrics"]
@@ -239,6 +243,7 @@ class ServerScraper:
         # running count of 1e16, a KV usage of 1.7 or a negative queue is refused and counted.
         rejected: dict[str, str] = dict(reading.rejected) if reading is not None else {}
         self.rejected.update({name: 1 for name in rejected})
+        rejected.update(refused)
         first = {"running": running, "waiting": waiting, "kv_cache_usage_ratio": kv_usage, "kv_cache_usage_mean_ratio": kv_mean}
         rejected.update(self.door.check_row(first, first))
         running, waiting = first["running"], first["waiting"]
@@ -321,8 +326,9 @@ class ServerScraper:
             engines=self._engines(reading, rejected) if reading is not None else (),
             scrape_seconds=scrape_seconds,
             generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
-            engine_labels=reading.engines if reading is not None else (),
-            label_models=reading.model_names if reading is not None else (),
+            engine_labels=self._texts("engine", reading.engines, ENGINE_KEY_LENGTHS["engine"], rejected) if reading is not None else (),
+            label_models=self._texts("model_name", reading.model_names, ENGINE_KEY_LENGTHS["model_name"], rejected)
+            if reading is not None else (),
             reading=reading,
             rejected=rejected,
             **values,
@@ -340,12 +346,31 @@ class ServerScraper:
         for (model, engine), s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1]))):
             if not s.gauges:
                 continue
+            labels: dict[str, str] = {}
+            if (model is not None and self._text("model_name", model, ENGINE_KEY_LENGTHS["model_name"], labels) is None
+                    or engine is not None and self._text("engine", engine, ENGINE_KEY_LENGTHS["engine"], labels) is None):
+                for name, reason in labels.items():
+                    rejected.setdefault(name, reason)
+                continue  # a label no store can key a row by: that engine's row only is lost
             row = {"running": s.gauges.get("running"), "waiting": s.gauges.get("waiting"),
                    "kv_cache_usage_ratio": s.gauges.get("kv_cache_usage")}
             for name, reason in self.door.check_row(row, row).items():
                 rejected.setdefault(name, f"{reason} (model {model}, engine {engine})")
             out.append(EngineSample(model_name=model, engine=engine, **row))
         return tuple(out)
+
+    def _text(self, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
+        """``raw`` if the door takes it as text (``Door.text``), else ``None`` with the reason
+        in ``refused`` (the first of a poll kept)."""
+        try:
+            return self.door.text(name, raw, length)
+        except Rejected as exc:
+            refused.setdefault(name, exc.reason)
+            return None
+
+    def _texts(self, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
+        """The values of ``raws`` the door takes as text, in order (``_text``)."""
+        return tuple(t for r in raws if (t := self._text(name, r, length, refused)) is not None)
 
     @staticmethod
     def _engine_lost(srv: TrackedServer, healthy: bool) -> str | None:
