@@ -99,7 +99,7 @@ def test_numbers_too_large_or_infinite_cost_only_themselves():
     the parser, so every poll of that server failed with a traceback. Each such value is now
     left out (counted as rejected where it is a sample); the rest of the body is read."""
     from vgpumon.sources.vllm.metrics import parse_metrics
-    from vgpumon.sources.vllm.scrape import _stats_fields
+    from vgpumon.sources.vllm.scrape import stats_fields
 
     body = (
         "# TYPE vllm:num_requests_running gauge\n"
@@ -113,7 +113,7 @@ def test_numbers_too_large_or_infinite_cost_only_themselves():
     assert reading.waiting == 3 and reading.running is None
     assert "vllm:num_requests_running" in reading.rejected
     assert reading.cache is not None and (reading.cache.block_size, reading.cache.num_gpu_blocks) == (None, None)
-    fields = _stats_fields({"num_requests_running": 10 ** 400, "num_requests_waiting": 2, "block_size": float("inf")})
+    fields = stats_fields({"num_requests_running": 10 ** 400, "num_requests_waiting": 2, "block_size": float("inf")})
     assert fields == {"waiting": 2.0}
 
 

@@ -199,11 +199,10 @@ class ServerScraper:
         # text from outside through the door (its length, no NUL), JSON of the wrong shape no
         # answer: a refused version or model name costs only itself, and both stores hold the same
         refused: dict[str, str] = {}
-        if (v := replies.get("version")) is not None and isinstance(doc := v.json(), dict) and doc.get("version") is not None:
-            srv.version = self._text("version", doc["version"], None, refused)
-        if (m := replies.get("models")) is not None and isinstance(doc := m.json(), dict) and isinstance(doc.get("data"), list):
-            ids = [d["id"] for d in doc["data"] if isinstance(d, dict) and d.get("id") not in (None, "")]
-            srv.models = self._texts("model", ids, ENGINE_KEY_LENGTHS["model_name"], refused) or None
+        if (v := replies.get("version")) is not None:
+            srv.version = version_answer(self.door, v.json(), refused)
+        if (m := replies.get("models")) is not None:
+            srv.models = models_answer(self.door, m.json(), refused)
 
         reading: MetricsReading | None = None
         metrics: Reply = replies["metrics"]
@@ -224,9 +223,9 @@ class ServerScraper:
             if reading is not None and reading.lines_dropped and not srv.partial:
                 log.warning("vLLM server %s: %d /metrics lines unreadable; telemetry partial", base, reading.lines_dropped)
             srv.partial = bool(reading and reading.lines_dropped)
-        stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
+        stats = stats_fields(replies["stats"].json()) if "stats" in replies else {}
         load_doc = replies["load"].json() if "load" in replies else None
-        server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
+        server_load = load_answer(load_doc)
         sleeping_doc = replies["is_sleeping"].json() if "is_sleeping" in replies else None
         derived: dict[str, float | None] = {}
         running = waiting = kv_usage = kv_mean = None
@@ -252,8 +251,7 @@ class ServerScraper:
         sleeping: bool | None = None
         if sleep_state is not None:
             sleeping = sleep_state != "awake"
-        elif isinstance(sleeping_doc, dict) and isinstance(sleeping_doc.get("is_sleeping"), bool):
-            sleeping = sleeping_doc["is_sleeping"]
+        elif (sleeping := sleeping_answer(sleeping_doc)) is not None:
             sleep_state = "asleep" if sleeping else "awake"
         alive: bool | None = None if srv.identity.origin == "static" else True
         was_ready = lc.ready_ts is not None
@@ -360,17 +358,10 @@ class ServerScraper:
         return tuple(out)
 
     def _text(self, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
-        """``raw`` if the door takes it as text (``Door.text``), else ``None`` with the reason
-        in ``refused`` (the first of a poll kept)."""
-        try:
-            return self.door.text(name, raw, length)
-        except Rejected as exc:
-            refused.setdefault(name, exc.reason)
-            return None
+        return door_text(self.door, name, raw, length, refused)
 
     def _texts(self, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
-        """The values of ``raws`` the door takes as text, in order (``_text``)."""
-        return tuple(t for r in raws if (t := self._text(name, r, length, refused)) is not None)
+        return door_texts(self.door, name, raws, length, refused)
 
     @staticmethod
     def _engine_lost(srv: TrackedServer, healthy: bool) -> str | None:
@@ -442,7 +433,51 @@ STATS_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _stats_fields(doc: Any) -> dict[str, Any]:
+def door_text(door: Door, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
+    """``raw`` if the door takes it as text (``Door.text``), else ``None`` with the reason in
+    ``refused`` (the first of a poll kept)."""
+    try:
+        return door.text(name, raw, length)
+    except Rejected as exc:
+        refused.setdefault(name, exc.reason)
+        return None
+
+
+def door_texts(door: Door, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
+    """The values of ``raws`` the door takes as text, in order (``door_text``)."""
+    return tuple(t for r in raws if (t := door_text(door, name, r, length, refused)) is not None)
+
+
+def version_answer(door: Door, doc: object, refused: dict[str, str]) -> str | None:
+    """The version a ``/version`` document names (``{"version": "0.32.0"}``), through the door;
+    ``None`` for a document of another shape or a refused text."""
+    if not isinstance(doc, dict) or doc.get("version") is None:
+        return None
+    return door_text(door, "version", doc["version"], None, refused)
+
+
+def models_answer(door: Door, doc: object, refused: dict[str, str]) -> tuple[str, ...] | None:
+    """The served model names of a ``/v1/models`` document (``{"data": [{"id": …}, …]}``), each
+    through the door; ``None`` (no answer: the ``model_name`` labels are used) for a document of
+    another shape or when every name is refused."""
+    if not isinstance(doc, dict) or not isinstance(data := doc.get("data"), list):
+        return None
+    ids = [d["id"] for d in data if isinstance(d, dict) and d.get("id") not in (None, "")]
+    return door_texts(door, "model", ids, ENGINE_KEY_LENGTHS["model_name"], refused) or None
+
+
+def load_answer(doc: object) -> float | None:
+    """``server_load`` of a ``/load`` document, a finite number or ``None``."""
+    return _num(doc.get("server_load")) if isinstance(doc, dict) else None
+
+
+def sleeping_answer(doc: object) -> bool | None:
+    """``is_sleeping`` of an ``/is_sleeping`` document when it is a boolean, else ``None``."""
+    value = doc.get("is_sleeping") if isinstance(doc, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def stats_fields(doc: Any) -> dict[str, Any]:
     """Canonical fields of a JSON ``/stats`` document (see ``STATS_FIELDS``); empty when the
     document is absent or not an object."""
     if not isinstance(doc, dict):
