@@ -69,8 +69,11 @@ def test_one_tick_with_an_impossible_time_costs_only_that_tick(tmp_path, ts):
         ("nvmlDeviceGetMemoryInfo", [1, 2]),
         ("nvmlDeviceGetUtilizationRates", {"gpu": None, "memory": "x"}),
         ("nvmlDeviceGetComputeRunningProcesses", [{"pid": "x", "usedGpuMemory": "y"}, 5, None]),
+        ("nvmlDeviceGetPowerUsage", 19 * 10**308),  # found by the fuzzer: OverflowError, exit 70
+        ("nvmlDeviceGetTemperature", -(10**400)),
     ],
-    ids=["gpm-list", "gpm-odd-entries", "power-text", "memory-list", "utilization-fields", "processes-odd"],
+    ids=["gpm-list", "gpm-odd-entries", "power-text", "memory-list", "utilization-fields", "processes-odd",
+         "power-310-digits", "temperature-400-digits"],
 )
 def test_values_of_the_wrong_type_cost_only_themselves(tmp_path, fn, value):
     """Every tick's answer of that call is of the wrong type: each is refused (or missing), and

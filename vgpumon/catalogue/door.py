@@ -136,7 +136,10 @@ class Door:
         if raw.__class__ in _NUMBER or isinstance(raw, _NUMBER):
             if raw >= _SENTINEL_FLOOR and sentinel(raw):
                 raise self._reject(name, raw)
-            x = raw * scale if scale != 1.0 else raw
+            try:
+                x = raw * scale if scale != 1.0 else raw
+            except OverflowError:  # an integer beyond any float (a capture's 300 digits)
+                raise self._reject(name, raw, "too large for a number") from None
             if lo <= x <= hi and (limit is None or x <= limit * (1 + 1e-6)):
                 if flag:
                     return bool(x)
@@ -194,7 +197,10 @@ class Door:
         if s:
             return f"blank sentinel {raw!r} ({s})"
         f = self.fields[name]
-        x = raw * scale
+        try:
+            x = raw * scale
+        except OverflowError:  # an integer beyond any float
+            return f"too large for a number: {_short(raw)}"
         if limit is not None and x > limit * (1 + 1e-6) and (f.lo is None or x >= f.lo):
             return f"{x:.6g} above the device's bound {limit:.6g} {f.unit}"
         return f"{x:.6g} outside {f.lo:g}..{f.hi:g} {f.unit}"
