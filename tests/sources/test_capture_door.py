@@ -92,3 +92,21 @@ def test_a_capture_whose_device_count_is_no_count_is_one_line_exit_65(tmp_path, 
     (line,) = out.stderr.strip().splitlines()
     assert "nvmlDeviceGetCount answers" in line and "not a count of 0 to 64 GPUs" in line, line
     assert not rows
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_capture_that_is_not_a_regular_file_is_one_line_exit_65(tmp_path, kind):
+    """``--replay`` naming a FIFO used to wait for a writer for ever; ``/dev/zero`` read 64 Mi
+    characters before it was refused. Both are refused on sight, like ``--config``'s files."""
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / "capture.jsonl"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    out, rows = _replay(tmp_path, path)
+    assert out.returncode == 65, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line == f"vgpumon: cannot read capture {path}: {'a FIFO' if kind == 'fifo' else 'a character device'}, not a regular file"
+    assert not rows

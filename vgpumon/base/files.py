@@ -19,6 +19,30 @@ class FileRefused(ValueError):
     """The path names something that is not a regular file, or one larger than allowed."""
 
 
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of the regular file ``path`` (blocking, as files are): opened
+    without blocking, so that a FIFO's open does not wait for a writer, and checked on the
+    descriptor (no race with a rename).
+
+    Raises:
+        FileRefused: a device, FIFO, socket or directory (the descriptor is closed).
+        OSError: it cannot be opened (missing, no permission).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                    else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise FileRefused(f"{path} is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them.
 
@@ -30,14 +54,9 @@ def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         FileRefused: not a regular file, or over the limit.
         OSError: it cannot be opened or read (missing, no permission).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
-                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
-                    else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
-            raise FileRefused(f"{path} is {kind}, not a regular file")
         if st.st_size > limit:
             raise FileRefused(f"{path} is {st.st_size} bytes; at most {limit} are read")
         chunks, size = [], 0

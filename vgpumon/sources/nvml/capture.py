@@ -5,12 +5,14 @@ collector code that runs on hardware. Format version 1 (docs/architecture.md).""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import gzip
 import io
 import itertools
 import json
 import logging
 import math
+import os
 import socket
 import time
 import zlib
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import IO, TypeGuard, cast
 
 from vgpumon.base.errors import CaptureFormatError
+from vgpumon.base.files import FileRefused, open_regular
 from vgpumon.sources.nvml.backend import (
     CAPTURE_FORMAT_VERSION,
     NOT_IN_CAPTURE,
@@ -62,6 +65,13 @@ def _masked(fn: str, scope: Scope, value: NvmlAnswer) -> NvmlAnswer:
     return value
 
 def _open_text(path: Path, mode: str) -> IO[str]:
+    if mode == "r":  # a capture to replay is a regular file: a FIFO's open would wait for ever
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        try:
+            os.close(open_regular(path))
+        except FileRefused as exc:
+            raise CaptureFormatError(f"cannot read capture {path}: {str(exc).removeprefix(f'{path} is ')}") from None
     if path.suffix == ".gz":
         return io.TextIOWrapper(cast(IO[bytes], gzip.open(path, mode + "b")), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
