@@ -60,27 +60,38 @@ def _stop(*procs: subprocess.Popen[str]) -> None:
 
 
 def _poll(table: PsutilProcessTable, polls: int = 3):
-    """``polls`` polls of a vLLM source that discovers through ``table``: the samples and the
-    processes it would let ``diagnose --stacks`` dump."""
-    src = source(FakeClock(), processes=table)
+    """``polls`` polls of a vLLM source that discovers through ``table``: the samples, the
+    processes it would let ``diagnose --stacks`` dump, and the URL of every request it sent
+    (its own session's: other programs on the machine may scan and scrape too)."""
+    import aiohttp
+
+    sent: list[str] = []
+
+    async def on_start(_session, _ctx, params) -> None:
+        sent.append(str(params.url))
 
     async def run():
-        out = []
-        try:
-            for _ in range(polls):
-                out.extend(await src.poll())
-        finally:
-            await src.close()
-        return out
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(on_start)
+        async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+            src = source(FakeClock(), processes=table, session=session)
+            out = []
+            try:
+                for _ in range(polls):
+                    out.extend(await src.poll())
+            finally:
+                await src.close()
+            return out, src.discovered()
 
-    samples = asyncio.run(run())
-    return samples, src.discovered()
+    samples, discovered = asyncio.run(run())
+    return samples, discovered, sent
 
 
 def test_a_process_whose_argv_names_an_address_it_does_not_listen_on_gets_no_request(tmp_path):
     """A server answers on 127.0.0.1:P in some other process (this test's fake, which no argv
     names); a local user's process claims ``vllm serve --host 127.0.0.1 --port P``, another
-    claims a remote host. Neither is listed, no request reaches P, nothing is a py-spy target."""
+    claims a remote host. Neither is listed, the source sends no request to P (nor to the
+    remote host), nothing is a py-spy target."""
     servers = ServerThread()
     try:
         fake = servers.start(FakeVllmServer(metrics="", version="0.32.0", models=["m"]))
@@ -89,13 +100,13 @@ def test_a_process_whose_argv_names_an_address_it_does_not_listen_on_gets_no_req
         try:
             table = PsutilProcessTable()
             listed = {p.pid for p in table.scan()}
-            samples, discovered = _poll(table)
+            samples, discovered, sent = _poll(table)
         finally:
             _stop(local, remote)
     finally:
         servers.close()
     assert local.pid not in listed and remote.pid not in listed
-    assert fake.requests == []
+    assert [u for u in sent if f":{fake.port}/" in u] == []
     assert [s for s in samples if s.instance.pid in (local.pid, remote.pid)] == []
     assert all(p.pid not in (local.pid, remote.pid) for p in discovered.values())
 
@@ -111,12 +122,13 @@ def test_a_server_listening_where_its_argv_says_is_scraped_there_and_only_it(tmp
     try:
         table = PsutilProcessTable()
         (found,) = [p for p in table.scan() if p.pid in (honest.pid, liar.pid)]
-        samples, discovered = _poll(table)
+        samples, discovered, sent = _poll(table)
     finally:
         _stop(honest, liar)
     assert (found.pid, found.host, found.port) == (honest.pid, "127.0.0.1", port)
     mine = [s for s in samples if s.instance.pid == honest.pid]
     assert mine and all(s.instance.url == f"http://127.0.0.1:{port}" for s in mine)
+    assert f"http://127.0.0.1:{port}/metrics" in sent
     assert mine[-1].version == "0.32.0" and mine[-1].telemetry == "full", mine[-1]
     assert {p.pid for p in discovered.values()} & {honest.pid, liar.pid} == {honest.pid}
 
