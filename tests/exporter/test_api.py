@@ -109,6 +109,49 @@ def test_off_loopback_every_api_request_needs_the_token(tmp_path, caplog):
     assert TOKEN not in caplog.text and TOKEN[:-1] not in caplog.text
 
 
+def _raw_request(port: int, header: bytes) -> bytes:
+    """One GET of ``/api/v1/alerts`` with ``header`` as sent, bytes for bytes (no client would
+    send it: a NUL, a control character, bytes that are not UTF-8); the whole answer."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /api/v1/alerts HTTP/1.1\r\nHost: agent\r\n" + header + b"\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+MALFORMED = [
+    b"Authorization: Bearer " + TOKEN[:6].encode() + b"\x00" + TOKEN[6:].encode(),
+    b"Authorization: Bearer " + TOKEN.encode() + b"\x01",
+    b"Authorization: Bearer \xff\xfe" + TOKEN.encode(),
+    b"Authoriz\xffation: Bearer " + TOKEN.encode(),
+]
+
+
+@pytest.mark.parametrize("header", MALFORMED, ids=["nul", "control", "not-utf8-value", "not-utf8-name"])
+def test_a_malformed_authorization_header_is_a_json_400_and_its_token_is_never_logged(tmp_path, caplog, header):
+    """aiohttp's parser used to answer a NUL or a control character in plain text repeating the
+    line, and log that line, token in clear, with a traceback per request; bytes that are not
+    UTF-8 made a plain-text 500 and a traceback. Each is now a JSON 400 naming neither, any log
+    line without the request's bytes, and the agent goes on answering."""
+    caplog.set_level(logging.DEBUG)
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with ServingAgent(url, ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0", api=ApiConfig(token=TOKEN)) as agent:
+        answer = _raw_request(agent.port, header)
+        after = get(agent.base + "/api/v1/alerts", TOKEN)[0]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split()[1] == b"400", head
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["status"] == 400 and error["message"]
+    assert TOKEN[6:].encode() not in answer and TOKEN[:6].encode() not in answer
+    assert TOKEN[6:] not in caplog.text and TOKEN[:6] not in caplog.text
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)
+    assert after == 200
+
+
 def test_an_agent_off_loopback_without_a_token_keeps_its_api_closed(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vgpumon.exporter.api"):
         with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0") as agent:

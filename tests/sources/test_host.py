@@ -76,6 +76,8 @@ def test_masking_finds_the_secrets_people_put_in_command_lines_and_leaves_the_re
         "env HF_TOKEN=*** OPENAI_API_KEY=*** vllm"
     assert mask_secrets("--password=hunter2 --db postgresql://u:pw@h/x") == "--password=*** --db postgresql://u:***@h/x"
     assert mask_secrets("Authorization: Bearer eyJhbGciOi.J9.sig") == "Authorization: Bearer ***"
+    assert mask_command_line(["curl", "-H", "Authorization: Basic dXNlcjpwYXNz", "http://h/"]) == "curl -H Authorization: Basic *** http://h/"
+    assert mask_secrets("authorization=rawkey123 next") == "authorization=*** next"
     assert mask_secrets("a key sk-proj-ABCDEFGHIJKLMNOPQRSTUV in a log line") == "a key *** in a log line"
     for plain in ("--max-tokens 12 --token-budget 5", "--port 8000 -tp 2", "2026-12-03 INFO ready"):
         assert mask_secrets(plain) == plain

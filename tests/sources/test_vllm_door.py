@@ -10,6 +10,7 @@ stored, and the healthy server beside it loses nothing.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -98,7 +99,7 @@ def test_numbers_too_large_or_infinite_cost_only_themselves():
     the parser, so every poll of that server failed with a traceback. Each such value is now
     left out (counted as rejected where it is a sample); the rest of the body is read."""
     from vgpumon.sources.vllm.metrics import parse_metrics
-    from vgpumon.sources.vllm.scrape import _stats_fields
+    from vgpumon.sources.vllm.scrape import stats_fields
 
     body = (
         "# TYPE vllm:num_requests_running gauge\n"
@@ -112,5 +113,107 @@ def test_numbers_too_large_or_infinite_cost_only_themselves():
     assert reading.waiting == 3 and reading.running is None
     assert "vllm:num_requests_running" in reading.rejected
     assert reading.cache is not None and (reading.cache.block_size, reading.cache.num_gpu_blocks) == (None, None)
-    fields = _stats_fields({"num_requests_running": 10 ** 400, "num_requests_waiting": 2, "block_size": float("inf")})
+    fields = stats_fields({"num_requests_running": 10 ** 400, "num_requests_waiting": 2, "block_size": float("inf")})
     assert fields == {"waiting": 2.0}
+
+
+def _with_series(body: str, model: str, engine: str) -> str:
+    """The capture's body with a second engine's gauges under the given labels."""
+    extra = [ln.replace('engine="0",model_name="tiny"', f'engine="{engine}",model_name="{model}"') for ln in body.splitlines()
+             if ln.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{"))]
+    return body + "\n".join(extra) + "\n"
+
+
+def test_outside_text_too_long_or_with_a_nul_costs_only_itself_the_same_on_both_stores(db_url):
+    """A server whose ``/version`` is 300 characters, whose ``/v1/models`` names one model with
+    a NUL beside the real one, and whose ``/metrics`` adds one engine with a 40-character
+    ``engine`` label and one with a 300-character ``model_name``. Postgres used to refuse each
+    of its samples (all of them went to the dead-letter file, the SQL logged over several
+    lines) while SQLite kept them: now the door refuses those texts, on both stores alike, and
+    every sample is stored, with the real engine's row and the real model name."""
+    busy = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__busy.txt").read_text()
+    odd_body = _with_series(_with_series(busy, "tiny", "e" * 40), "m" * 300, "1")
+    servers = ServerThread()
+    try:
+        healthy = servers.start(FakeVllmServer(metrics=busy, version="0.32.0", models=["tiny"]))
+        odd = servers.start(FakeVllmServer(metrics=odd_body, models=["tiny", "evil\x00model"],
+                                           raw={"/version": json.dumps({"version": "0." + "9" * 298}).encode()}))
+        vllm = VllmSource(static_urls=[healthy.url, odd.url], processes=NoProcesses(), interval=0.05, request_timeout=1.0)
+        agent = replay_into(db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_interval": 0.2, "vllm": vllm})
+    finally:
+        servers.close()
+    stats = agent.stats
+    assert stats.dead_letters == 0 and stats.rows_pending == 0 and stats.vllm_restarts == 0
+    polls = stats.vllm_samples // 2
+    assert polls >= 5
+    rows = _samples(db_url)
+    assert len(rows[odd.url]) == len(rows[healthy.url]) == polls
+    store = open_store(db_url)
+    try:
+        repo = VllmRepository(store.engine)
+        starts = {i["url"]: i for i in repo.instances("h")}
+        engines = {url: {(e["model_name"], e["engine"]) for e in repo.engine_samples(starts[url]["id"])} for url in starts}
+    finally:
+        store.close()
+    assert starts[odd.url]["version"] is None and starts[healthy.url]["version"] == "0.32.0"
+    assert starts[odd.url]["model"] == "tiny"
+    assert engines[odd.url] == engines[healthy.url] == {("tiny", "0")}
+    assert vllm.rejected["version"] >= 1 and vllm.rejected["model"] >= 1
+    assert vllm.rejected["engine"] >= polls - 1 and vllm.rejected["model_name"] >= polls - 1
+    reasons = _reasons(db_url)
+    assert any("longer than 32 characters (40)" in r for r in reasons), reasons
+    assert any("longer than 255 characters (300)" in r for r in reasons), reasons
+    assert any("a NUL character" in r for r in reasons), reasons
+
+
+SHAPES = [
+    ("/v1/models", b'{"object": "list", "data": null}'),
+    ("/v1/models", b'{"data": {"id": "tiny"}}'),
+    ("/v1/models", b'{"data": [null, 7, {"id": null}, {"id": ["tiny"]}]}'),
+    ("/v1/models", b"null"),
+    ("/version", b'{"version": {"major": 0}}'),
+    ("/version", b"[\"0.32.0\"]"),
+    ("/stats", b"null"),
+    ("/stats", b'{"num_running": {"n": 1}, "gpu_cache_usage": [0.5], "block_size": null}'),
+    ("/load", b'{"server_load": null}'),
+    ("/load", b"[]"),
+    ("/is_sleeping", b'{"is_sleeping": "no"}'),
+    ("/is_sleeping", b"null"),
+]
+
+
+@pytest.mark.parametrize("path, body", SHAPES, ids=[f"{p} {b[:30].decode()}" for p, b in SHAPES])
+def test_json_of_the_wrong_shape_costs_only_itself(path, body):
+    """``null`` where an object is expected, an object where a list is: that answer is no
+    answer; every other reading of the poll is kept. ``{"data": null}`` from ``/v1/models``
+    used to raise TypeError in every poll of that server, forever."""
+    import asyncio
+
+    from vllm_support import source
+
+    from vgpumon.testing.vllm import FakeClock
+
+    busy = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__busy.txt").read_text()
+    servers = ServerThread()
+    try:
+        fake = servers.start(FakeVllmServer(metrics=busy, version="0.32.0", models=["tiny"], load=0.5,
+                                            is_sleeping=False, stats={"num_running": 3}, raw={path: body}))
+        src = source(FakeClock(), static_urls=[fake.url], processes=NoProcesses())
+
+        async def polls():
+            out = []
+            try:
+                for _ in range(3):
+                    out.extend(await src.poll())
+            finally:
+                await src.close()
+            return out
+
+        samples = asyncio.run(polls())
+    finally:
+        servers.close()
+    assert len(samples) == 3 and path in fake.requests
+    last = samples[-1]
+    assert "poll failed" not in last.reason and last.state.value == "busy", last.reason
+    assert last.running == 97 and last.telemetry == "full" and last.model_names == ("tiny",)
+    assert last.version == (None if path == "/version" else "0.32.0")

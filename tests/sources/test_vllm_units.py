@@ -23,6 +23,7 @@ from vgpumon.sources.vllm.discovery import (
     port_and_host,
 )
 from vgpumon.sources.vllm.metrics import parse_metrics
+from vgpumon.testing.vllm import free_port
 
 
 @pytest.mark.parametrize(
@@ -94,12 +95,13 @@ def test_which_descendants_are_engine_processes(name, cmdline, engine):
 
 
 _FAKE_SERVER = """
-import multiprocessing, sys, time
+import multiprocessing, socket, sys, time
 
 def engine():
     time.sleep(600)
 
 if __name__ == "__main__":
+    http = socket.create_server(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])))  # where it says: a server
     child = multiprocessing.get_context("spawn").Process(target=engine)
     child.start()
     print(child.pid, flush=True)
@@ -113,7 +115,7 @@ def test_the_process_table_sees_an_engine_process_go_even_while_it_is_a_zombie(t
     engine is killed (a zombie its parent never reaps) the scan no longer does."""
     script = tmp_path / "vllm"
     script.write_text(_FAKE_SERVER)
-    proc = subprocess.Popen([sys.executable, str(script), "serve", "m", "--port", "18999"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), "serve", "m", "--port", str(free_port())], stdout=subprocess.PIPE, text=True)
     try:
         engine_pid = int(proc.stdout.readline())
         table = PsutilProcessTable()
@@ -151,7 +153,7 @@ _WRAPPER = """
 import os, sys, time
 print("preparing", flush=True)
 sys.stdin.readline()  # an entrypoint script's setup, until the test says go
-os.execv(sys.executable, [sys.executable, {script!r}, "serve", "m", "--port", "18998"])
+os.execv(sys.executable, [sys.executable, {script!r}, "serve", "m", "--port", "{port}"])
 """
 
 
@@ -161,7 +163,8 @@ def test_a_server_execed_by_its_wrapper_under_the_same_pid_is_found_at_the_next_
     script = tmp_path / "vllm"
     script.write_text(_FAKE_SERVER)
     wrapper = tmp_path / "entrypoint.py"
-    wrapper.write_text(_WRAPPER.format(script=str(script)))
+    port = free_port()
+    wrapper.write_text(_WRAPPER.format(script=str(script), port=port))
     proc = subprocess.Popen([sys.executable, str(wrapper)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "preparing"
@@ -171,7 +174,7 @@ def test_a_server_execed_by_its_wrapper_under_the_same_pid_is_found_at_the_next_
         proc.stdin.flush()
         int(proc.stdout.readline())  # the server is up (it printed its engine's pid)
         (mine,) = [p for p in table.scan() if p.pid == proc.pid]
-        assert mine.port == 18998
+        assert mine.port == port
     finally:
         _kill_tree(proc)
 

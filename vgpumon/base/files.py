@@ -1,6 +1,9 @@
 """Files given on the command line are read as what they claim to be: a regular file of bounded
 size. ``--config /dev/zero`` used to read until memory ran out, a FIFO hung the command; both
-are now one line (exit 65, the caller's error class)."""
+are now one line (exit 65, the caller's error class).
+
+Files the agent creates are private whatever umask it was started under (``PRIVATE_FILE_MODE``,
+``PRIVATE_DIR_MODE``; docs/security.md, "Files")."""
 
 from __future__ import annotations
 
@@ -16,6 +19,30 @@ class FileRefused(ValueError):
     """The path names something that is not a regular file, or one larger than allowed."""
 
 
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of the regular file ``path`` (blocking, as files are): opened
+    without blocking, so that a FIFO's open does not wait for a writer, and checked on the
+    descriptor (no race with a rename).
+
+    Raises:
+        FileRefused: a device, FIFO, socket or directory (the descriptor is closed).
+        OSError: it cannot be opened (missing, no permission).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                    else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise FileRefused(f"{path} is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them.
 
@@ -27,14 +54,9 @@ def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         FileRefused: not a regular file, or over the limit.
         OSError: it cannot be opened or read (missing, no permission).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
-                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
-                    else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
-            raise FileRefused(f"{path} is {kind}, not a regular file")
         if st.st_size > limit:
             raise FileRefused(f"{path} is {st.st_size} bytes; at most {limit} are read")
         chunks, size = [], 0
@@ -49,3 +71,47 @@ def read_small_file(path: Path | str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+#: What the agent writes (the SQLite store and its journals, the spool's batches, the
+#: dead-letter file, the migration lock) holds GPU process command lines, host facts and rows
+#: not yet stored: read and written by its owner, read by its group (an on-call group that runs
+#: ``vgpumon diagnose --db``), nothing for others, whatever the umask it was started under.
+PRIVATE_FILE_MODE = 0o640
+#: The directories it creates for them: the same, with the group allowed in.
+PRIVATE_DIR_MODE = 0o750
+
+
+def make_private_dirs(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates ``PRIVATE_DIR_MODE`` or narrower (a umask can
+    only take rights away from the mode asked for); existing ones are left as they are.
+
+    Raises:
+        OSError: a directory cannot be created.
+    """
+    missing = []
+    at = path
+    while not at.exists() and at.parent != at:
+        missing.append(at)
+        at = at.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            # made meanwhile by another process
+
+
+def open_private(path: Path | str, mode: str = "w") -> int:
+    """A file descriptor of ``path`` opened for writing (``"w"``: truncated, ``"a"``: appended,
+    ``"x"``: created, failing if it exists); created ``PRIVATE_FILE_MODE`` when it does not
+    exist (the umask can only narrow it). An existing file keeps its mode: an operator's
+    choice. Wrap it with ``os.fdopen``.
+
+    Raises:
+        OSError: it cannot be opened or created.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    flags |= {"w": os.O_TRUNC, "a": os.O_APPEND, "x": os.O_EXCL}[mode]
+    return os.open(path, flags, PRIVATE_FILE_MODE)

@@ -39,6 +39,12 @@ _OPTION_SECRET = re.compile(
 # Bearer tokens and provider keys by their shape, wherever they appear.
 _TOKEN_SHAPE = re.compile(r"\b(?:sk-[A-Za-z0-9_\-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|xox[abpr]-[A-Za-z0-9\-]{10,})")
 _BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)(?P<secret>[A-Za-z0-9._~+/\-]+=*)")
+# Any other credentials of an Authorization header (``Authorization: Basic dXNlcjpwYXNz``,
+# ``Authorization: token ghp_…``, a raw key): the word after a known scheme, or after the colon.
+_AUTHORIZATION = re.compile(
+    r"(?i)(?P<head>\bauthorization\s*[:=]\s*(?:(?:basic|digest|token|negotiate|ntlm|apikey|aws4-hmac-sha256)\s+)?)"
+    r"(?P<secret>(?!bearer\b)[^\s'\"]+)"
+)
 
 
 def mask_secrets(text: str) -> str:
@@ -65,6 +71,8 @@ def mask_secrets(text: str) -> str:
         text = _TOKEN_SHAPE.sub(MASK, text)
     if "earer" in text:
         text = _BEARER.sub(lambda m: m["head"] + MASK, text)
+    if "uthorization" in text or "UTHORIZATION" in text:
+        text = _AUTHORIZATION.sub(lambda m: m["head"] + MASK, text)
     return text
 
 

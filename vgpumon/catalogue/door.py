@@ -132,15 +132,14 @@ class Door:
         """
         lo, hi, integral, flag = self._spec[name]
         if name in self._text:
-            if isinstance(raw, str) and len(raw) <= self._text[name] and "\x00" not in raw:
-                return raw
-            self.rejected[name] += 1
-            why = f"longer than {self._text[name]} characters" if isinstance(raw, str) else f"not text: {_short(raw)}"
-            raise Rejected(f"rejected: {why}")
+            return self.text(name, raw, self._text[name])
         if raw.__class__ in _NUMBER or isinstance(raw, _NUMBER):
             if raw >= _SENTINEL_FLOOR and sentinel(raw):
                 raise self._reject(name, raw)
-            x = raw * scale if scale != 1.0 else raw
+            try:
+                x = raw * scale if scale != 1.0 else raw
+            except OverflowError:  # an integer beyond any float (a capture's 300 digits)
+                raise self._reject(name, raw, "too large for a number") from None
             if lo <= x <= hi and (limit is None or x <= limit * (1 + 1e-6)):
                 if flag:
                     return bool(x)
@@ -152,6 +151,33 @@ class Door:
             if hi < x <= hi + abs(hi) * 1e-6 and (limit is None or x <= limit):
                 return hi if not integral else int(hi)
         raise self._reject(name, raw, scale=scale, limit=limit)
+
+    def text(self, name: str, raw: Any, length: int | None = None) -> str:
+        """A text value from outside, as every store can hold it: a string of at most ``length``
+        characters (the field's column; given for text that is no field of this door, such as
+        the labels keying a row) with no NUL (Postgres refuses one, SQLite would store it) and
+        no lone surrogate (JSON's ``"\\ud800"``: no UTF-8 encodes it).
+
+        Raises:
+            Rejected: anything else, counted in ``rejected[name]``.
+        """
+        limit = self._text[name] if length is None else length
+        if isinstance(raw, str) and len(raw) <= limit and "\x00" not in raw:
+            if raw.isascii():
+                return raw
+            try:
+                raw.encode("utf-8")
+                return raw
+            except UnicodeEncodeError:
+                why = f"not UTF-8 text: {_short(raw)}"
+        elif not isinstance(raw, str):
+            why = f"not text: {_short(raw)}"
+        elif "\x00" in raw:
+            why = f"a NUL character in {_short(raw)}"
+        else:
+            why = f"longer than {limit} characters ({len(raw)})"
+        self.rejected[name] += 1
+        raise Rejected(f"rejected: {why}")
 
     def _reject(self, name: str, raw: Any, why: str | None = None, scale: float = 1.0, limit: float | None = None) -> Rejected:
         self.rejected[name] += 1
@@ -171,7 +197,10 @@ class Door:
         if s:
             return f"blank sentinel {raw!r} ({s})"
         f = self.fields[name]
-        x = raw * scale
+        try:
+            x = raw * scale
+        except OverflowError:  # an integer beyond any float
+            return f"too large for a number: {_short(raw)}"
         if limit is not None and x > limit * (1 + 1e-6) and (f.lo is None or x >= f.lo):
             return f"{x:.6g} above the device's bound {limit:.6g} {f.unit}"
         return f"{x:.6g} outside {f.lo:g}..{f.hi:g} {f.unit}"

@@ -27,6 +27,12 @@ PREFIX_CACHE_UNITS: dict[str, int] = {"tokens": 1, "blocks": 2}
 #: (``--disable-log-stats``), some lines unreadable, nothing.
 TELEMETRY_CODES: dict[str, int] = {"full": 1, "limited": 2, "partial": 3, "down": 4}
 
+#: The labels that key one engine's series and its ``vllm_engine_samples`` row, with the longest
+#: value each may have (the store's key column): text from outside, checked at the door like any
+#: text field (``Door.text``), so that SQLite and Postgres hold the same rows. A served model
+#: name (``/v1/models`` ``id``) is held to the ``model_name`` length too.
+ENGINE_KEY_LENGTHS: dict[str, int] = {"model_name": 255, "engine": 32}
+
 _REQUESTS_MAX = 1e6  # queued or running requests of one server: far above any batch
 _RATE_MAX = 1e9  # tokens or requests per second of one server
 _LATENCY_MAX = 7 * 86400.0  # a latency quantile of a week is already a broken histogram

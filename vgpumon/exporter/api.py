@@ -153,17 +153,22 @@ class AgentApi:
 
     # -- guard ---------------------------------------------------------------------------------------
 
-    def _authorized(self, request: web.Request) -> str | None:
-        """``None`` when the request may pass, else why not (the header's value never appears)."""
+    def _authorized(self, request: web.Request) -> tuple[int, str] | None:
+        """``None`` when the request may pass, else its status and why not (the header's value
+        never appears)."""
         if not self.token_required:
             return None
         if self._token is None:
-            return "this agent listens off loopback and has no API token set ([api] token, VGPUMON_API_TOKEN): the API is closed"
+            return 401, "this agent listens off loopback and has no API token set ([api] token, VGPUMON_API_TOKEN): the API is closed"
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            return "a bearer token is required (Authorization: Bearer …; diagnose reads VGPUMON_API_TOKEN or [api] token)"
-        if not hmac.compare_digest(_digest(given.strip()), self._token):
-            return "the bearer token is wrong"
+            return 401, "a bearer token is required (Authorization: Bearer …; diagnose reads VGPUMON_API_TOKEN or [api] token)"
+        try:  # bytes that are not UTF-8 reach here as lone surrogates: no token is made of them
+            digest = _digest(given.strip())
+        except UnicodeEncodeError:
+            return 400, "the Authorization header is not UTF-8 text"
+        if not hmac.compare_digest(digest, self._token):
+            return 401, "the bearer token is wrong"
         return None
 
     @web.middleware
@@ -172,7 +177,8 @@ class AgentApi:
             return await handler(request)
         refused = self._authorized(request)
         if refused is not None:
-            return json_error(401, refused, {"WWW-Authenticate": 'Bearer realm="vgpumon"'})
+            status, why = refused
+            return json_error(status, why, {"WWW-Authenticate": 'Bearer realm="vgpumon"'} if status == 401 else None)
         if request.method not in ("GET", "HEAD"):
             return json_error(405, f"{request.method} is not allowed: the API is read-only (GET)", {"Allow": "GET, HEAD"})
         try:

@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING, AsyncIterator
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from vgpumon.alerts.feed import RulesFeed
 from vgpumon.base.listen import ExporterConfig
@@ -31,6 +32,51 @@ if TYPE_CHECKING:
     from vgpumon.exporter.view import AgentView
 
 log = logging.getLogger(__name__)
+
+#: What a request aiohttp's parser refuses is answered with: the parser's own text would repeat
+#: the offending line (an ``Authorization`` header's token in clear), and it logged that line
+#: with a traceback per request.
+_PARSER_REFUSALS = {
+    400: "malformed HTTP request: a header with a control character, a NUL or bytes that are not text",
+    413: "request too large",
+    431: "request headers too large",
+}
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's connection handler, answering what its parser refuses (and a failure outside
+    every handler) in the API's JSON (``{"error": {"status": …, "message": …}}``), logged in one
+    line that names the peer and the status only: never the request's bytes, whose headers may
+    hold a token."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500:
+            log.error("HTTP request from %s failed (%s)", request.remote, type(exc).__name__ if exc else "error")
+            text = "internal error"
+        else:
+            log.warning("HTTP request from %s refused (%d): %s", request.remote, status, _PARSER_REFUSALS.get(status, "bad request"))
+            text = _PARSER_REFUSALS.get(status, "bad request")
+        if request.writer.output_size > 0:  # part of an answer sent already: aiohttp's own handling
+            raise ConnectionError("the answer was under way when the request failed")
+        resp = web.Response(status=status, text=json.dumps({"error": {"status": status, "message": text}}) + "\n",
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrors(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """``web.AppRunner`` whose connections are ``_JsonErrors`` (aiohttp takes no handler class)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # the same object, its connections made by ``_Server.__call__``
+        return server
 
 
 def build_app(exporter: MetricsExporter) -> web.Application:
@@ -93,7 +139,7 @@ class MetricsServer:
         Raises:
             OSError: the address cannot be bound (in use, not local, no permission).
         """
-        runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        runner = _Runner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:

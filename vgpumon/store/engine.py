@@ -32,6 +32,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
+from vgpumon.base.files import make_private_dirs, open_private
 from vgpumon.base.masking import mask_secrets
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -308,9 +309,11 @@ def make_engine(
             raise StoreUnavailableError(f"store {file} is not a regular file (a SQLite store is one); see --db")
         elif file is not None and create_dirs and not read_only:
             try:
-                file.parent.mkdir(parents=True, exist_ok=True)
+                make_private_dirs(file.parent)
             except OSError as exc:
                 raise StoreUnavailableError(f"cannot create the store's directory {file.parent}: {exc.strerror or exc}") from None
+        if file is not None and not read_only and not file.exists():
+            _create_private(file)
     else:
         connect_args = {}
         if connect_timeout_s is not None:
@@ -335,6 +338,17 @@ def make_engine(
         if read_only and sqlite_access(engine) == "read-only" and file is not None:
             engine = _immutable_unless_readable(engine, file, busy_timeout_ms)
     return engine
+
+
+def _create_private(file: Path) -> None:
+    """Create a new SQLite store as an empty file of ``PRIVATE_FILE_MODE`` (an empty file is an
+    empty database) before SQLite opens it: SQLite would create it 0644 less the umask, 0644
+    under ``umask 000``, and gives its ``-wal``, ``-shm`` and ``-journal`` files the mode of the
+    database file. Where it cannot be created, SQLite's own attempt says why."""
+    try:
+        os.close(open_private(file, "x"))
+    except OSError:
+        pass  # made meanwhile (another agent), or a directory SQLite will name in its own error
 
 
 def _sqlite_read_mode(file: Path) -> str:

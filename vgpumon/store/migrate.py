@@ -17,6 +17,7 @@ something else (vgpumon does not add its tables to another application's databas
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.base.errors import StoreUnavailableError
+from vgpumon.base.files import PRIVATE_FILE_MODE, open_private
 from vgpumon.store.engine import describe_store, sqlite_file, unavailable
 
 if TYPE_CHECKING:
@@ -185,10 +187,10 @@ def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
 
     path = f"{file}.migrate.lock"
     try:  # where the file cannot be made (a read-only or pseudo file system such as /proc), say so
-        open(path, "a").close()  # now: the lock would take every failure to open it for "held"
+        os.close(open_private(path, "a"))  # now: the lock would take every failure to open it for "held"
     except OSError as exc:
         raise unavailable(engine, f"cannot create {path}: {exc.strerror or exc}") from None
-    lock = FileLock(path, timeout=SQLITE_LOCK_TIMEOUT_S)
+    lock = FileLock(path, timeout=SQLITE_LOCK_TIMEOUT_S, mode=PRIVATE_FILE_MODE)
     try:
         with lock:
             yield

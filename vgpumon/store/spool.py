@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, cast
 
+from vgpumon.base.files import make_private_dirs, open_private
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, reorder
 from vgpumon.store.rollup import rollup_rows, split_whole_minutes
 from vgpumon.store.vllm_repository import fold_rows as fold_vllm_rows
@@ -196,7 +197,7 @@ class Backlog:
         path = self.spool_dir / name
         tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "w") as f:
+            with os.fdopen(open_private(tmp, "w"), "w") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())  # a spooled batch must survive a power loss as well as a crash
@@ -212,7 +213,7 @@ class Backlog:
         if self.spool_dir is None or self.spool_failed:
             return False
         try:
-            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.spool_dir)
             entry = self._write_file(kind, rows, f"{self._seq:016d}.{kind}.json")
         except OSError as exc:
             log.error("spool %s cannot be written (%s): holding ticks in memory (bounded)", self.spool_dir, exc)
@@ -296,8 +297,8 @@ class Backlog:
         path = self.dead_letter_path
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a") as f:
+                make_private_dirs(path.parent)
+                with os.fdopen(open_private(path, "a"), "a") as f:
                     f.write(line + "\n")
                     f.flush()
                     os.fsync(f.fileno())

@@ -14,7 +14,7 @@ from typing import TypeAlias, TypedDict
 from sqlalchemy import Column, ForeignKey, Integer, SmallInteger, String, UniqueConstraint
 
 from vgpumon.catalogue import core
-from vgpumon.catalogue.vllm import PREFIX_CACHE_UNITS, TELEMETRY_CODES
+from vgpumon.catalogue.vllm import ENGINE_KEY_LENGTHS, PREFIX_CACHE_UNITS, TELEMETRY_CODES
 from vgpumon.store.schema import ColumnValue, EpochMillis, column_type, table, time_table
 
 RATIO = column_type(core.RATIO)
@@ -70,8 +70,8 @@ VllmSampleRow = time_table("vllm_samples", "instance_id", "vllm_instances.id")
 #: One data-parallel engine (and served model name) of one server, one poll.
 VllmEngineSampleRow = time_table(
     "vllm_engine_samples", "instance_id", "vllm_instances.id",
-    Column("model_name", String(255), primary_key=True),  # "" when unlabelled
-    Column("engine", String(32), primary_key=True),  # "" when unlabelled (before 0.8)
+    Column("model_name", String(ENGINE_KEY_LENGTHS["model_name"]), primary_key=True),  # "" when unlabelled
+    Column("engine", String(ENGINE_KEY_LENGTHS["engine"]), primary_key=True),  # "" when unlabelled (before 0.8)
 )
 
 

@@ -59,6 +59,8 @@ class FakeVllmServer:
         is_sleeping: ``/is_sleeping`` answer; ``None`` → 404 (not in dev mode).
         stats: a JSON ``/stats`` document; ``None`` → 404 (vLLM has none).
         hang: paths that never answer (the request waits until the server stops).
+        raw: paths answered 200 with exactly these bytes (JSON of any shape, or none), before
+            anything above.
         requests: paths requested, in order.
     """
 
@@ -73,6 +75,7 @@ class FakeVllmServer:
     is_sleeping: bool | None = None
     stats: dict[str, JsonValue] | None = None
     hang: set[str] = field(default_factory=set)
+    raw: dict[str, bytes] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     port: int = 0
 
@@ -119,6 +122,8 @@ class FakeVllmServer:
         if path in self.hang:
             await self._release.wait()
             return web.Response(status=503)
+        if path in self.raw:
+            return web.Response(body=self.raw[path], content_type="application/json")
         if path == "/health":
             return web.Response(status=self.health_status)
         if path == "/metrics":

@@ -5,11 +5,14 @@ collector code that runs on hardware. Format version 1 (docs/architecture.md).""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import gzip
 import io
 import itertools
 import json
+import logging
 import math
+import os
 import socket
 import time
 import zlib
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import IO, TypeGuard, cast
 
 from vgpumon.base.errors import CaptureFormatError
+from vgpumon.base.files import FileRefused, open_regular
 from vgpumon.sources.nvml.backend import (
     CAPTURE_FORMAT_VERSION,
     NOT_IN_CAPTURE,
@@ -41,6 +45,17 @@ from vgpumon.sources.nvml.shapes import (
 
 MASKED_HOST = "masked-host"
 
+log = logging.getLogger(__name__)
+
+#: The times a recorded tick may have (epoch seconds, 2000-01-01 to 2100-01-01): a tick outside
+#: them (1e300, a negative time, milliseconds taken for seconds) is skipped with one warning and
+#: costs only itself. Kept, it was every later tick's fate: ticks are stored in order, so each
+#: one after it was stamped just after that impossible time and refused by the store.
+PLAUSIBLE_TS = (946_684_800.0, 4_102_444_800.0)
+#: The most GPUs one capture's host can hold: a recorded ``nvmlDeviceGetCount`` above it (or not
+#: a count) makes the capture unusable (exit 65, one line), not a replay of a million devices.
+MAX_DEVICES = 64
+
 def _masked(fn: str, scope: Scope, value: NvmlAnswer) -> NvmlAnswer:
     """Replace identifying answers (UUID, serial) with stable neutral ones per device index."""
     if fn == "nvmlDeviceGetUUID" and isinstance(value, str):
@@ -50,6 +65,13 @@ def _masked(fn: str, scope: Scope, value: NvmlAnswer) -> NvmlAnswer:
     return value
 
 def _open_text(path: Path, mode: str) -> IO[str]:
+    if mode == "r":  # a capture to replay is a regular file: a FIFO's open would wait for ever
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        try:
+            os.close(open_regular(path))
+        except FileRefused as exc:
+            raise CaptureFormatError(f"cannot read capture {path}: {str(exc).removeprefix(f'{path} is ')}") from None
     if path.suffix == ".gz":
         return io.TextIOWrapper(cast(IO[bytes], gzip.open(path, mode + "b")), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
@@ -343,6 +365,7 @@ class ReplayBackend:
         header: CaptureHeader | None = None,
         ticks: Iterable[Tick] | None = None,
     ) -> None:
+        self._where = str(path) if path is not None else "the capture"
         if path is not None:
             header, ticks = iter_capture(path)
         if header is None or ticks is None:
@@ -361,6 +384,9 @@ class ReplayBackend:
             stream = itertools.chain([first], stream)
         self._ticks: Iterator[Tick] = (t for t in stream if t["tick"] >= 0)
         self._current: dict[str, list[Outcome]] = {}
+        self._started = False
+        #: ticks skipped for an impossible time (``PLAUSIBLE_TS``)
+        self.ticks_refused = 0
 
     @staticmethod
     def _index(calls: Sequence[RecordedCall]) -> dict[str, list[Outcome]]:
@@ -389,17 +415,32 @@ class ReplayBackend:
         pass
 
     def begin_tick(self, ts: float) -> float:
-        try:
-            tick = next(self._ticks)
-        except StopIteration:
-            raise EndOfCapture from None
+        """Move to the next recorded tick with a plausible time (``PLAUSIBLE_TS``); each one
+        skipped is counted in ``ticks_refused`` and said in one warning."""
+        self._started = True
+        lo, hi = PLAUSIBLE_TS
+        while True:
+            try:
+                tick = next(self._ticks)
+            except StopIteration:
+                raise EndOfCapture from None
+            recorded = tick["ts"]
+            assert recorded is not None  # only the init block has none (``_shape_error`` checked the ticks)
+            if lo <= recorded < hi:
+                break
+            self.ticks_refused += 1
+            log.warning("capture tick %d skipped: its time %r s is not a plausible time (2000-01-01 to 2100-01-01)",
+                        tick["tick"], recorded)
         self._current = self._index(tick["calls"])
-        recorded = tick["ts"]
-        assert recorded is not None  # only the init block has none (``_shape_error`` checked the ticks)
         return float(recorded)
 
     def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
-        return self._answer("sys", fn, args, {})
+        value = self._answer("sys", fn, args, {})
+        if fn == "nvmlDeviceGetCount" and not (_is_int(value) and 0 <= value <= MAX_DEVICES):
+            if not self._started:  # the init block's: nothing of this capture can be replayed
+                raise CaptureFormatError(f"{self._where}: nvmlDeviceGetCount answers {value!r:.40}: not a count of 0 to {MAX_DEVICES} GPUs")
+            raise NvmlCallError(NOT_IN_CAPTURE, fn)  # one tick's: that read costs only itself
+        return value
 
     def device(self, index: int, fn: str, *args: NvmlArg, **kwargs: NvmlArg) -> NvmlAnswer:
         return self._answer(index, fn, args, kwargs)
@@ -408,10 +449,18 @@ class ReplayBackend:
         raw = self._answer(index, "gpm", [list(metric_ids)], {})
         if raw is None:
             return None
-        return {
-            int(k): (NvmlCallError(int(v["e"]), "nvmlGpmMetricsGet") if isinstance(v, dict) else v)
-            for k, v in raw.items()
-        }
+        if not isinstance(raw, dict):
+            return {}  # an answer of the wrong shape answers no metric: each is missing, the tick kept
+        out: GpmValues = {}
+        for k, v in raw.items():
+            if not (isinstance(k, str) and k.isdigit()):
+                continue  # not a metric id: that entry costs only itself
+            if isinstance(v, dict):
+                code = v.get("e")
+                out[int(k)] = NvmlCallError(code if _is_int(code) else NOT_IN_CAPTURE, "nvmlGpmMetricsGet")
+            else:
+                out[int(k)] = v  # the door takes or refuses it, as any recorded value
+        return out
 
     def forget_device(self, index: int) -> None:
         pass

@@ -31,6 +31,10 @@ CallKey: TypeAlias = tuple[str, tuple[NvmlArg, ...], tuple[tuple[str, NvmlArg], 
 #: ``(field, function, args, base units per NVML unit)`` of each plain getter ``scalars`` reads.
 ScalarPlan: TypeAlias = tuple[tuple[str, str, tuple[int, ...], float], ...]
 
+#: No NVML answer is wider than 64 bits: a larger integer (a capture's, edited) goes to the door,
+#: which refuses it, instead of overflowing a float here.
+_NVML_MAX = 1 << 64
+
 
 def number_of(v: SampleValues, field: str, default: float | None = None) -> float | None:
     """``v[field]`` where the door admitted a number there, else ``default``."""
@@ -191,7 +195,7 @@ class _Reader:
         # ``Door.value``, which decides, counts and says why.
         cls = raw.__class__
         spec = self.spec.get(field)
-        if (cls is int or cls is float) and spec is not None and (
+        if (cls is float or (cls is int and -_NVML_MAX < raw < _NVML_MAX)) and spec is not None and (
             raw < _SENTINEL_FLOOR or _PLAIN_LO < raw < _PLAIN_HI or not sentinel(raw)
         ):
             x = raw * scale if scale != 1.0 else raw

@@ -6,10 +6,17 @@ processes (``VLLM::EngineCore``, ``VLLM::Worker``, extra API servers of
 ``--api-server-count``) are its descendants; a match whose ancestor is also a match is one of
 those and not a server of its own.
 
-Port: ``--port N`` / ``--port=N`` from the command line, else the single TCP port the process
-listens on, else vLLM's default 8000. Host: ``--host`` unless it is a wildcard address
-(``0.0.0.0``, ``::``, empty), in which case the agent talks to 127.0.0.1. Servers on a Unix
-socket (``--uds``) are not scraped.
+Where it is scraped: at a TCP socket the server's own process listens on, never at an address
+its command line merely names (any local user can start a process whose argv reads
+``vllm serve --host H --port P``; the root agent would GET H:P and take it for a py-spy target).
+The process's listening sockets are read through its file descriptors (psutil matches the socket
+inodes of ``/proc/<pid>/fd`` against the LISTEN entries of ``/proc/net/tcp`` and ``tcp6``, this
+network namespace's). The port is ``--port N`` / ``--port=N`` when given, else the single TCP
+port the process listens on, else vLLM's default 8000; it must be one the process listens on,
+or the process is not a server to scrape (yet: one still starting is found once it binds). The
+address is the socket's own: ``127.0.0.1`` (``::1``) for a socket bound to every IPv4 (IPv6)
+address, else the address it is bound to (``--host`` picks among several). Servers on a Unix
+socket (``--uds``) are not scraped. Decisions: docs/security.md, "What the agent trusts".
 
 Engine processes: the descendants that do the serving, whose loss leaves an API process that may
 go on answering ``/health`` 200 (always in 0.2.x and V1 0.8.x, FACTS §5) while nothing can be
@@ -21,12 +28,15 @@ forked one keeps the server's own command line. The multiprocessing resource tra
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8000
 _API_MODULE = "vllm.entrypoints.openai.api_server"
@@ -41,8 +51,9 @@ class VllmProcess:
         pid: the server's (API server's) process id.
         create_time: its start time, epoch seconds (``psutil.Process.create_time()``); with the
             pid it identifies one start of the server.
-        host: address to scrape (``127.0.0.1`` for wildcard binds).
-        port: HTTP port.
+        host: address to scrape: the one its listening socket is bound to (``127.0.0.1`` or
+            ``::1`` for a wildcard bind), never one its command line merely names.
+        port: HTTP port, one its process listens on.
         pids: the server and all its descendants (engine cores, workers), for the GPU mapping
             and the RSS/CPU figures.
         cmdline: the command line, for display.
@@ -122,7 +133,8 @@ def is_engine_process(name: str, cmdline: Sequence[str]) -> bool:
 
 
 def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tuple[str, int]:
-    """Where the server answers HTTP, from its command line (see module docstring).
+    """Where the command line says the server answers HTTP (see module docstring): a claim,
+    checked against the process's sockets by ``verified_address`` before anything is sent there.
 
     Args:
         cmdline: the process's arguments.
@@ -137,6 +149,48 @@ def port_and_host(cmdline: Sequence[str], listening: Sequence[int] = ()) -> tupl
     if len(ports) == 1:
         return host, ports[0]
     return host, DEFAULT_PORT
+
+
+def _plain_ip(ip: str) -> str:
+    """An IPv4-mapped IPv6 address (``::ffff:10.0.0.5``, as a dual-stack socket shows an IPv4
+    bind) as its IPv4 address; any other as it is."""
+    return ip[7:] if ip.lower().startswith("::ffff:") and "." in ip else ip
+
+
+def verified_address(cmdline: Sequence[str], listening: Sequence[tuple[str, int]]) -> tuple[str, int] | None:
+    """The address to scrape a server at, taken from the sockets its process listens on, or
+    ``None`` when it listens on none of the port its command line names (module docstring).
+
+    Args:
+        cmdline: the process's arguments (``--port``, and ``--host`` to choose among addresses).
+        listening: ``(ip, port)`` of each TCP socket the process listens on.
+    """
+    ports = [port for _, port in listening]
+    _, port = port_and_host(cmdline, ports)
+    ips = {_plain_ip(ip) for ip, p in listening if p == port}
+    if not ips:
+        return None
+    if "0.0.0.0" in ips or "" in ips:  # noqa: S104  a bind to every IPv4 address, recognised, not bound
+        return "127.0.0.1", port
+    if "::" in ips:
+        return "::1", port
+    loopback = sorted(ip for ip in ips if ip.startswith("127.") or ip == "::1")
+    if loopback:
+        return loopback[0], port
+    named = _plain_ip((_arg(cmdline, "--host") or "").strip("[]"))
+    return (named if named in ips else sorted(ips)[0]), port
+
+
+def listening_sockets(process: psutil.Process) -> list[tuple[str, int]]:
+    """``(ip, port)`` of each TCP socket ``process`` itself listens on (IPv4 and IPv6), read
+    through its file descriptors; empty when there are none or they cannot be read (another
+    user's process, for an agent without root): an unverified server is not scraped.
+    """
+    try:
+        conns = process.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN and c.laddr]
 
 
 def _raw_cmdline(pid: int) -> bytes | None:
@@ -215,6 +269,8 @@ class PsutilProcessTable:
         self._last_pid_moves = False
         self._last_pid_usable = _last_pid_usable()
         self._found_none = False
+        self._address_of: dict[tuple[int, float], tuple[str, int]] = {}  # (pid, start) → verified address
+        self._unverified: set[tuple[int, float]] = set()  # servers already logged as not listening
 
     def _engines(self, tree: Sequence[psutil.Process]) -> tuple[int, ...]:
         """The live engine processes among a server's descendants; a command line is read once
@@ -265,6 +321,8 @@ class PsutilProcessTable:
         if full:
             self._last_full = now
             self._verdict = {}
+            self._address_of = {}  # a server's sockets are read again at each full read
+            self._unverified = set()  # and one still not listening is logged again
         else:
             live = set(pids)
             self._verdict = {pid: v for pid, v in self._verdict.items() if pid in live}
@@ -302,15 +360,10 @@ class PsutilProcessTable:
                 children = p.children(recursive=True)
                 tree = [p] + children
                 engines = self._engines(children)
-                listening: list[int] = []
-                if _arg(cmdline, "--port") is None:
-                    try:
-                        listening = [
-                            c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
-                        ]
-                    except psutil.Error:
-                        pass
-                host, port = port_and_host(cmdline, listening)
+                address = self._address(p, cmdline)
+                if address is None:
+                    continue  # it listens on no such port: not a server to scrape, nor to trace
+                host, port = address
                 out.append(
                     VllmProcess(
                         pid=pid, create_time=p.create_time(), host=host, port=port,
@@ -321,7 +374,29 @@ class PsutilProcessTable:
             except psutil.Error:
                 continue  # exited while we looked
         self._engine_verdict = {k: v for k, v in self._engine_verdict.items() if k in engine_keys}
+        live_servers = {(v.pid, v.create_time) for v in out}
+        self._address_of = {k: a for k, a in self._address_of.items() if k in live_servers}
         return out
+
+    def _address(self, p: psutil.Process, cmdline: Sequence[str]) -> tuple[str, int] | None:
+        """Where to scrape server ``p``: its verified listening address (``verified_address``),
+        read once per process start and again at every full read; a process not (yet)
+        listening where its command line says is read again at each scan, and logged once."""
+        key = (p.pid, p.create_time())
+        known = self._address_of.get(key)
+        if known is not None:
+            return known
+        address = verified_address(cmdline, listening_sockets(p))
+        if address is None:
+            if key not in self._unverified:
+                self._unverified.add(key)
+                claimed = port_and_host(cmdline)
+                log.info("pid %d runs as a vLLM server but listens on no TCP port %d: not scraped until it does",
+                         p.pid, claimed[1])
+            return None
+        self._unverified.discard(key)
+        self._address_of[key] = address
+        return address
 
     def usage(self, pids: Sequence[int]) -> ProcessUsage | None:
         rss = 0

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import aiohttp
 
 from vgpumon import catalogue
-from vgpumon.catalogue import Door
+from vgpumon.catalogue import Door, Rejected
+from vgpumon.catalogue.vllm import ENGINE_KEY_LENGTHS
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.activity import GpuActivityLog
@@ -195,11 +196,13 @@ class ServerScraper:
             srv = TrackedServer(ident, Lifecycle(first_seen=now, hang_after=self.hang_after))
             self._servers[(ident.host, ident.port)] = srv
             lc = srv.lifecycle
-        if (v := replies.get("version")) is not None and (doc := v.json()) and isinstance(doc, dict):
-            srv.version = str(doc.get("version")) if doc.get("version") is not None else None
-        if (m := replies.get("models")) is not None and (doc := m.json()) and isinstance(doc, dict):
-            ids = [d.get("id") for d in doc.get("data", []) if isinstance(d, dict) and d.get("id")]
-            srv.models = tuple(str(i) for i in ids)
+        # text from outside through the door (its length, no NUL), JSON of the wrong shape no
+        # answer: a refused version or model name costs only itself, and both stores hold the same
+        refused: dict[str, str] = {}
+        if (v := replies.get("version")) is not None:
+            srv.version = version_answer(self.door, v.json(), refused)
+        if (m := replies.get("models")) is not None:
+            srv.models = models_answer(self.door, m.json(), refused)
 
         reading: MetricsReading | None = None
         metrics: Reply = replies["metrics"]
@@ -220,9 +223,9 @@ class ServerScraper:
             if reading is not None and reading.lines_dropped and not srv.partial:
                 log.warning("vLLM server %s: %d /metrics lines unreadable; telemetry partial", base, reading.lines_dropped)
             srv.partial = bool(reading and reading.lines_dropped)
-        stats = _stats_fields(replies["stats"].json()) if "stats" in replies else {}
+        stats = stats_fields(replies["stats"].json()) if "stats" in replies else {}
         load_doc = replies["load"].json() if "load" in replies else None
-        server_load = _num(load_doc.get("server_load")) if isinstance(load_doc, dict) else None
+        server_load = load_answer(load_doc)
         sleeping_doc = replies["is_sleeping"].json() if "is_sleeping" in replies else None
         derived: dict[str, float | None] = {}
         running = waiting = kv_usage = kv_mean = None
@@ -239,6 +242,7 @@ class ServerScraper:
         # running count of 1e16, a KV usage of 1.7 or a negative queue is refused and counted.
         rejected: dict[str, str] = dict(reading.rejected) if reading is not None else {}
         self.rejected.update({name: 1 for name in rejected})
+        rejected.update(refused)
         first = {"running": running, "waiting": waiting, "kv_cache_usage_ratio": kv_usage, "kv_cache_usage_mean_ratio": kv_mean}
         rejected.update(self.door.check_row(first, first))
         running, waiting = first["running"], first["waiting"]
@@ -247,8 +251,7 @@ class ServerScraper:
         sleeping: bool | None = None
         if sleep_state is not None:
             sleeping = sleep_state != "awake"
-        elif isinstance(sleeping_doc, dict) and isinstance(sleeping_doc.get("is_sleeping"), bool):
-            sleeping = sleeping_doc["is_sleeping"]
+        elif (sleeping := sleeping_answer(sleeping_doc)) is not None:
             sleep_state = "asleep" if sleeping else "awake"
         alive: bool | None = None if srv.identity.origin == "static" else True
         was_ready = lc.ready_ts is not None
@@ -321,8 +324,9 @@ class ServerScraper:
             engines=self._engines(reading, rejected) if reading is not None else (),
             scrape_seconds=scrape_seconds,
             generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
-            engine_labels=reading.engines if reading is not None else (),
-            label_models=reading.model_names if reading is not None else (),
+            engine_labels=self._texts("engine", reading.engines, ENGINE_KEY_LENGTHS["engine"], rejected) if reading is not None else (),
+            label_models=self._texts("model_name", reading.model_names, ENGINE_KEY_LENGTHS["model_name"], rejected)
+            if reading is not None else (),
             reading=reading,
             rejected=rejected,
             **values,
@@ -340,12 +344,24 @@ class ServerScraper:
         for (model, engine), s in sorted(reading.series.items(), key=lambda kv_: (str(kv_[0][0]), str(kv_[0][1]))):
             if not s.gauges:
                 continue
+            labels: dict[str, str] = {}
+            if (model is not None and self._text("model_name", model, ENGINE_KEY_LENGTHS["model_name"], labels) is None
+                    or engine is not None and self._text("engine", engine, ENGINE_KEY_LENGTHS["engine"], labels) is None):
+                for name, reason in labels.items():
+                    rejected.setdefault(name, reason)
+                continue  # a label no store can key a row by: that engine's row only is lost
             row = {"running": s.gauges.get("running"), "waiting": s.gauges.get("waiting"),
                    "kv_cache_usage_ratio": s.gauges.get("kv_cache_usage")}
             for name, reason in self.door.check_row(row, row).items():
                 rejected.setdefault(name, f"{reason} (model {model}, engine {engine})")
             out.append(EngineSample(model_name=model, engine=engine, **row))
         return tuple(out)
+
+    def _text(self, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
+        return door_text(self.door, name, raw, length, refused)
+
+    def _texts(self, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
+        return door_texts(self.door, name, raws, length, refused)
 
     @staticmethod
     def _engine_lost(srv: TrackedServer, healthy: bool) -> str | None:
@@ -417,7 +433,51 @@ STATS_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _stats_fields(doc: Any) -> dict[str, Any]:
+def door_text(door: Door, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
+    """``raw`` if the door takes it as text (``Door.text``), else ``None`` with the reason in
+    ``refused`` (the first of a poll kept)."""
+    try:
+        return door.text(name, raw, length)
+    except Rejected as exc:
+        refused.setdefault(name, exc.reason)
+        return None
+
+
+def door_texts(door: Door, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
+    """The values of ``raws`` the door takes as text, in order (``door_text``)."""
+    return tuple(t for r in raws if (t := door_text(door, name, r, length, refused)) is not None)
+
+
+def version_answer(door: Door, doc: object, refused: dict[str, str]) -> str | None:
+    """The version a ``/version`` document names (``{"version": "0.32.0"}``), through the door;
+    ``None`` for a document of another shape or a refused text."""
+    if not isinstance(doc, dict) or doc.get("version") is None:
+        return None
+    return door_text(door, "version", doc["version"], None, refused)
+
+
+def models_answer(door: Door, doc: object, refused: dict[str, str]) -> tuple[str, ...] | None:
+    """The served model names of a ``/v1/models`` document (``{"data": [{"id": …}, …]}``), each
+    through the door; ``None`` (no answer: the ``model_name`` labels are used) for a document of
+    another shape or when every name is refused."""
+    if not isinstance(doc, dict) or not isinstance(data := doc.get("data"), list):
+        return None
+    ids = [d["id"] for d in data if isinstance(d, dict) and d.get("id") not in (None, "")]
+    return door_texts(door, "model", ids, ENGINE_KEY_LENGTHS["model_name"], refused) or None
+
+
+def load_answer(doc: object) -> float | None:
+    """``server_load`` of a ``/load`` document, a finite number or ``None``."""
+    return _num(doc.get("server_load")) if isinstance(doc, dict) else None
+
+
+def sleeping_answer(doc: object) -> bool | None:
+    """``is_sleeping`` of an ``/is_sleeping`` document when it is a boolean, else ``None``."""
+    value = doc.get("is_sleeping") if isinstance(doc, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def stats_fields(doc: Any) -> dict[str, Any]:
     """Canonical fields of a JSON ``/stats`` document (see ``STATS_FIELDS``); empty when the
     document is absent or not an object."""
     if not isinstance(doc, dict):

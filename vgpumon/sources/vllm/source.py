@@ -98,7 +98,7 @@ class VllmSource(ServerScraper):
         self._gpu_pids: dict[str, set[int]] = {}
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="vgpumon-vllm", initializer=name_os_thread)
         # every value from a server passes the field catalogue's door; rejections counted per field
-        self.door = Door(catalogue.fields_of("vllm_samples"))
+        self.door = Door((*catalogue.fields_of("vllm_samples"), *catalogue.fields_of("vllm_instances")))
         self.rejected = self.door.rejected
 
     # -- inputs from the agent -----------------------------------------------------------------
