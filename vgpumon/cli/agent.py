@@ -131,8 +131,8 @@ def agent(
     exits 69 with one line naming the cause.
 
     Examples:\n
-      vgpumon agent                                     # sample into the default SQLite store\n
-      vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
+      vgpumon agent                # sample into the default SQLite store\n
+      vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db demo.db
     """
     if pace is Pace.recorded and replay is None:
         raise UsageError("--pace recorded paces a replay: give --replay CAPTURE (a live agent ticks every --interval)")

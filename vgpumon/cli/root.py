@@ -19,6 +19,7 @@ from vgpumon.cli.config import config_app
 from vgpumon.cli.dashboards import dashboards_app
 from vgpumon.cli.db import db_app
 from vgpumon.cli.diagnose import diagnose
+from vgpumon.cli.helptext import reflow_app
 from vgpumon.cli.outcomes import _OUTPUT_ERRNOS, _one_line, _reader_gone, _silence_stdout, _stdout_file
 from vgpumon.cli.rules import rules_app
 
@@ -77,6 +78,7 @@ app.add_typer(db_app)
 app.add_typer(config_app)
 app.add_typer(dashboards_app)
 app.add_typer(rules_app)
+reflow_app(app)  # every help paragraph wrapped by the terminal, not where its docstring broke
 
 
 def _names_no_command(argv: list[str]) -> bool:
