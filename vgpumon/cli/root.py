@@ -18,6 +18,7 @@ from vgpumon.cli.capacity import capacity
 from vgpumon.cli.config import config_app
 from vgpumon.cli.dashboards import dashboards_app
 from vgpumon.cli.db import db_app
+from vgpumon.cli.demo import demo
 from vgpumon.cli.diagnose import diagnose
 from vgpumon.cli.helptext import reflow_app
 from vgpumon.cli.outcomes import _OUTPUT_ERRNOS, _one_line, _reader_gone, _silence_stdout, _stdout_file
@@ -74,6 +75,7 @@ app.command()(agent)
 app.command()(record)
 app.command()(diagnose)
 app.command()(capacity)
+app.command()(demo)
 app.add_typer(db_app)
 app.add_typer(config_app)
 app.add_typer(dashboards_app)

@@ -304,6 +304,22 @@ def iter_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[Tick]]:
 
     return header, ticks()
 
+def capture_end(path: str | Path) -> float:
+    """The time of a capture's last tick (epoch seconds), read through the whole file once.
+
+    Raises:
+        CaptureFormatError: as ``iter_capture``.
+    """
+    _, ticks = iter_capture(path)
+    last: float | None = None
+    for tick in ticks:
+        if tick["ts"] is not None:
+            last = float(tick["ts"])
+    if last is None:
+        raise CaptureFormatError(f"{path}: the capture has no tick")
+    return last
+
+
 def read_capture(path: str | Path) -> tuple[CaptureHeader, list[Tick]]:
     """Read a whole capture file into memory (``iter_capture`` streams it instead).
 
@@ -332,6 +348,8 @@ class ReplayBackend:
         path: capture file written by ``RecordingBackend`` (``vgpumon record``).
         ticks: ticks (with ``header``) instead of ``path``, for derived scenarios; any iterable,
             consumed once, the init block (``tick == -1``) first when there is one.
+        shift_s: seconds added to every tick's time and every XID event's (``capture_end``:
+            a replay made to end now, so that retention and freshness judge it as new data).
     """
 
     replays_time = True
@@ -342,7 +360,9 @@ class ReplayBackend:
         *,
         header: CaptureHeader | None = None,
         ticks: Iterable[Tick] | None = None,
+        shift_s: float = 0.0,
     ) -> None:
+        self.shift_s = float(shift_s)
         if path is not None:
             header, ticks = iter_capture(path)
         if header is None or ticks is None:
@@ -396,7 +416,7 @@ class ReplayBackend:
         self._current = self._index(tick["calls"])
         recorded = tick["ts"]
         assert recorded is not None  # only the init block has none (``_shape_error`` checked the ticks)
-        return float(recorded)
+        return float(recorded) + self.shift_s
 
     def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         return self._answer("sys", fn, args, {})
@@ -417,7 +437,10 @@ class ReplayBackend:
         pass
 
     def xid_poll(self) -> list[RawXid]:
-        return list(self._answer("sys", "xid_poll", (), {}) or [])
+        events = list(self._answer("sys", "xid_poll", (), {}) or [])
+        if self.shift_s:
+            events = [{**e, "ts": e["ts"] + self.shift_s} if isinstance(e.get("ts"), (int, float)) else e for e in events]
+        return events
 
     def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
         kwargs: dict[str, NvmlArg] = {} if period is None else {"period": period}
