@@ -23,6 +23,7 @@ from vgpumon.cli.diagnose import diagnose
 from vgpumon.cli.helptext import reflow_app
 from vgpumon.cli.outcomes import _OUTPUT_ERRNOS, _one_line, _reader_gone, _silence_stdout, _stdout_file
 from vgpumon.cli.rules import rules_app
+from vgpumon.cli.top import top
 
 # typer ≥ 0.20 vendors click as ``typer._click``; older releases use click itself. Take the
 # exception classes from typer's public BadParameter so that both work.
@@ -74,6 +75,7 @@ def _root(
 app.command()(agent)
 app.command()(record)
 app.command()(diagnose)
+app.command()(top)
 app.command()(capacity)
 app.command()(demo)
 app.add_typer(db_app)
