@@ -40,15 +40,13 @@ def _replay_prune_diagnose(tmp_path: Path, *shift: str) -> tuple[subprocess.Comp
     return run("diagnose", "h", "--db", str(db)), stored_ticks(db)
 
 
-def test_a_replay_older_than_the_raw_retention_is_gone_after_prune_unless_shifted_to_now(tmp_path):
+def test_a_replay_older_than_the_raw_retention_keeps_raw_rows_only_when_shifted_to_now(tmp_path):
     """Without --shift-to-now, a capture older than the raw retention loses its raw rows to
-    `db prune` and diagnose has nothing to say (the demo expired); shifted, the same capture
-    keeps all 76 rows and diagnose reports it as fresh, OK."""
+    `db prune`; shifted, the same capture keeps all 76 rows and diagnose reports it as fresh."""
     import time
 
     assert time.time() - capture_end(H200_CAPTURE) > 72 * 3600, "the recorded capture is older than the raw retention"
-    old, old_rows = _replay_prune_diagnose(tmp_path / "as-recorded")
-    assert old.returncode == 3 and old.stdout.startswith("UNKNOWN"), old.stdout
+    _, old_rows = _replay_prune_diagnose(tmp_path / "as-recorded")
     assert old_rows == 0
     new, new_rows = _replay_prune_diagnose(tmp_path / "shifted", "--shift-to-now")
     assert new.returncode == 0, new.stdout + new.stderr
@@ -56,6 +54,29 @@ def test_a_replay_older_than_the_raw_retention_is_gone_after_prune_unless_shifte
     assert new_rows == 76
     # the verdict's age is the time since the replay, not since November
     assert " days ago" not in new.stdout.splitlines()[0]
+
+
+def test_diagnose_reads_the_rollups_where_the_raw_rows_have_expired(tmp_path):
+    """The capture, older than the raw retention, pruned: its raw rows are gone, the 1-minute
+    rollups stay, and diagnose reports from them — not UNKNOWN "no samples" — with the same
+    maxima as the report from the raw rows before the prune, and says where its figures come from."""
+    db = tmp_path / "s.db"
+    out = run("agent", "--replay", str(H200_CAPTURE), "--hostname", "h", "--db", str(db), "--listen", "off", "--spool", str(tmp_path / "spool"))
+    assert out.returncode == 0, out.stderr
+    before = run("diagnose", "h", "--db", str(db), "--json")
+    assert run("db", "prune", "--db", str(db), "--raw-retention", "72h", "--rollup-retention", "90d").returncode == 0
+    assert stored_ticks(db) == 0
+    after = run("diagnose", "h", "--db", str(db), "--json")
+    text = run("diagnose", "h", "--db", str(db))
+    assert after.returncode == 0 and text.stdout.startswith("OK h — nothing to act on"), text.stdout[:300]
+    import json
+
+    raw, rolled = json.loads(before.stdout)["gpus"][0], json.loads(after.stdout)["gpus"][0]
+    for area, key in (("sm_active", "max_ratio"), ("utilization", "max_ratio"), ("power", "max_watts"), ("temperature", "max_celsius")):
+        assert rolled[area][key] == pytest.approx(raw[area][key]), (area, rolled[area], raw[area])
+    assert rolled["pcie"]["rx"]["max_bytes_per_second"] == pytest.approx(raw["pcie"]["rx"]["max_bytes_per_second"])
+    assert "59.24 GB/s (94.0 %)" in text.stdout  # RX max, as the raw report showed it
+    assert "its figures are from the 1-minute rollups" in " ".join(text.stdout.split())
 
 
 def test_shift_to_now_without_a_replay_is_a_usage_error(tmp_path):
