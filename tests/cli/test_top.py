@@ -118,8 +118,35 @@ def test_top_shows_every_gpu_and_the_vllm_server_at_80_columns_and_quits_on_q(ag
     wait_for(lambda: "EXITED 0" in terminal.screen(), timeout=30, what="top to quit on q with 0")
 
 
-def test_top_once_without_an_agent_is_one_line_and_exit_69():
+def _nvml_present() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver: top reads NVML in place of the agent")
+def test_top_once_with_neither_an_agent_nor_nvml_is_one_line_and_exit_69():
     port = free_port()
     out = subprocess.run(VGPUMON + ["top", f"127.0.0.1:{port}", "--once"], capture_output=True, text=True, env=_env(), timeout=60)
     assert out.returncode == 69
-    assert out.stderr.strip() == f"vgpumon: top: the agent at 127.0.0.1:{port} is unreachable (connection refused); is `vgpumon agent` running?"
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"vgpumon: top: the agent at 127.0.0.1:{port} is unreachable (connection refused)")
+    assert "; and NVML unavailable: NVML library (libnvidia-ml.so.1) not found" in out.stderr
+
+
+def test_top_replays_a_capture_through_the_nvml_path():
+    """Without an agent, top reads NVML itself; a capture stands in for the H200 here: its first
+    tick (GPM has no interval yet, so SM activity is unknown, not 0 %)."""
+    out = subprocess.run(VGPUMON + ["top", "--replay", str(DATA / "h200-workload.jsonl.gz"), "--once"], capture_output=True,
+                         text=True, env={**_env(), "COLUMNS": "80"}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("vm — 1 GPU, tick 01:37:58 UTC (replaying ")
+    row = _gpu_rows(out.stdout)[0]
+    assert re.search(r"^\s*0\s+–\s+0%\s+0\.0/140G\s+–/–\s+79\s+35\s", row), row
+    assert "vLLM" not in out.stdout  # no agent: nothing looked for servers, so none is claimed absent
+    assert max(len(line) for line in lines) <= 80

@@ -15,14 +15,15 @@ import select
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from vgpumon.base.errors import ExitCode, VgpumonError
+from vgpumon.base.errors import ExitCode, NvmlUnavailableError, VgpumonError
 from vgpumon.cli.options import _duration_param, _settings
 
 Snapshot = dict[str, Any]
@@ -40,6 +41,10 @@ def top(
     host: Annotated[str, typer.Argument(help="HOST or HOST:PORT of the agent (port default 19400, setting diagnose.port).")] = "localhost",
     interval: Annotated[str, typer.Option(callback=_duration_param, help="Time between refreshes: 1s, 0.5, 2s.")] = "1s",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit (also when the output is not a terminal).")] = False,
+    replay: Annotated[
+        Optional[Path],
+        typer.Option(help="Show a capture made by `vgpumon record`, a tick per refresh, as NVML would answer on its host (no agent, no GPU needed).", dir_okay=False),
+    ] = None,
 ) -> None:
     """A live view of every GPU and vLLM server on a host, from its agent, refreshed each second.
 
@@ -47,30 +52,73 @@ def top(
     the link, power, temperature, throttle reasons and the process holding most memory; per vLLM
     server: state, running / waiting requests, KV-cache usage and prewarm time. q or Ctrl-C quits
     (exit 0). Needs a running agent (the API is open on loopback; VGPUMON_API_TOKEN off it).
-    With --once, or piped, one frame; exit 69 when no agent answers.
+    Without an agent on this host, it reads NVML itself (SM activity from the second refresh
+    on: GPM measures between two reads; no vLLM servers). With --once, or piped, one frame;
+    exit 69 when neither an agent nor NVML answers.
 
     Examples:
       vgpumon top
       vgpumon top gpu-host-17 --interval 2s
+      vgpumon top --replay tests/data/h200-workload.jsonl.gz
     """
     settings = _settings(ctx)
     from vgpumon.diagnose.remote import parse_target
 
     name, port, _ = parse_target(host, settings.diagnose.port)
+    local = name in ("localhost", "127.0.0.1", "::1")  # this host: NVML here can stand in for its agent
     token = settings.api.token.get_secret_value() if settings.api.token is not None else None
     where = f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+    seconds = float(interval)  # the callback made it seconds
 
     def fetch() -> tuple[Snapshot | None, str | None]:
-        return _fetch(name, port, token, timeout=min(5.0, max(1.0, float(interval))), where=where)
+        return _fetch(name, port, token, timeout=min(5.0, max(1.0, seconds)), where=where)
 
     out = Console()
-    if once or not out.is_terminal:
+    if replay is not None:
+        fetch = _nvml_fetcher(settings.agent.hostname or "localhost", replay=replay, note=f"replaying {replay}")
+    single = once or not out.is_terminal
+    if replay is None and local:
+        snap, error = fetch()
+        if snap is None and error is not None and "unreachable" in error:
+            try:  # no agent here at start: read the GPUs ourselves
+                fetch = _nvml_fetcher(settings.agent.hostname or name, note=f"read from NVML: no agent at {where}")
+            except NvmlUnavailableError as exc:
+                if single:
+                    raise AgentUnavailableError(f"top: {error}; and {exc}") from None
+                # live: nothing to read here either; keep asking for the agent (it may be starting)
+    if single:
         snap, error = fetch()
         if snap is None:
             raise AgentUnavailableError(f"top: {error}")
         out.print(frame(snap, None, out.width))
         return
-    _live(fetch, float(interval), out)
+    _live(fetch, seconds, out)
+
+
+def _nvml_fetcher(hostname: str, *, note: str, replay: Path | None = None) -> Callable[[], tuple[Snapshot | None, str | None]]:
+    """Snapshots read from NVML by this process (or from a capture), in the API's form: the
+    view without an agent. The source is started now (no NVIDIA stack: ``NvmlUnavailableError``)."""
+    from vgpumon.exporter.api import plain
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.sources.nvml.backend import EndOfCapture
+    from vgpumon.sources.nvml.capture import ReplayBackend
+
+    source = NvmlSource(ReplayBackend(replay) if replay is not None else None)
+    gpus = source.start()
+    last: list[Snapshot] = []
+
+    def fetch() -> tuple[Snapshot | None, str | None]:
+        try:
+            reading = source.sample()
+        except EndOfCapture:
+            return (last[0] if last else None), "the capture has ended"
+        snap: Snapshot = {"hostname": hostname, "ts": reading.ts, "age_seconds": None, "fresh": True, "note": note,
+                          "gpus": [{"identity": plain(g), "sample": plain(smp)} for g, smp in zip(source.gpus or gpus, reading.samples)],
+                          "host": None, "vllm": None}
+        last[:] = [snap]
+        return snap, None
+
+    return fetch
 
 
 def _fetch(host: str, port: int, token: str | None, *, timeout: float, where: str) -> tuple[Snapshot | None, str | None]:
@@ -228,11 +276,16 @@ def frame(snap: Snapshot, error: str | None, width: int) -> RenderableType:
     head.append(f" — {len(snap['gpus'])} GPU{'' if len(snap['gpus']) == 1 else 's'}, tick {clock(snap.get('ts'))} UTC")
     if isinstance(age, (int, float)):
         head.append(f", {duration(age)} old", style="" if snap.get("fresh", True) else "bold magenta")
+    if snap.get("note"):
+        head.append(f" ({snap['note']})", style="dim")
     parts: list[RenderableType] = [head]
     if error:
         parts.append(Text(error, style="bold red"))
     parts.append(_gpus(snap))
     servers = _servers(snap)
-    parts.append(servers if servers is not None else Text("no vLLM server seen by the agent", style="dim"))
+    if servers is not None:
+        parts.append(servers)
+    elif snap.get("vllm") is not None:  # None: no agent, so nothing looked for them
+        parts.append(Text("no vLLM server seen by the agent", style="dim"))
     parts.append(Text("SM: GPM SM activity; util: utilization.gpu; TX/RX: % of the max link. q quits", style="dim"))
     return Group(*parts)
