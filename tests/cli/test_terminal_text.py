@@ -82,12 +82,17 @@ def test_reflow_keeps_example_blocks_and_joins_prose():
       vgpumon b --x
     """
     assert reflow(doc) == "First line goes on.\n\nA paragraph that the source broke in two.\n\nExamples:\n  vgpumon a\n  vgpumon b --x"
+    # the same block written without blank lines, right under its heading
+    assert reflow("Intro.\n\nExamples:\n  vgpumon a\n  vgpumon b") == "Intro.\n\nExamples:\n  vgpumon a\n  vgpumon b"
 
 
 def test_the_examples_of_every_command_fit_80_columns():
-    """An example that wraps at 80 columns would read as two commands."""
+    """An example that wraps at 80 columns would read as two commands; each stands on its own
+    line under "Examples:"."""
     for path in COMMANDS:
         text = _help(path)
+        if "Examples:" in text:
+            assert any(line.strip() == "Examples:" for line in text.splitlines()), (path, text)
         for line in text.splitlines():
             if line.startswith("   vgpumon "):
                 following = text.splitlines()[text.splitlines().index(line) + 1]

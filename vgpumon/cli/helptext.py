@@ -34,8 +34,15 @@ def reflow(text: str | None) -> str | None:
                 out[-1] += "\n" + block  # the block under its heading, or the rest of it
             else:
                 out.append(block)
-        else:
-            out.append(" ".join(ln.strip() for ln in lines))
+            continue
+        # prose lines joined; indented lines (a block right under its heading) one per line
+        pieces: list[str] = []
+        for ln in lines:
+            if ln.startswith(" ") or not pieces or pieces[-1].startswith(" "):
+                pieces.append(ln if ln.startswith(" ") else ln.strip())
+            else:
+                pieces[-1] += " " + ln.strip()
+        out.append("\n".join(pieces))
     return "\n\n".join(out)
 
 
