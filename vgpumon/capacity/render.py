@@ -53,7 +53,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
         out.print(head)
         return
     head.append(f" — {len(h['gpus'])} GPU{'' if len(h['gpus']) == 1 else 's'}; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
-                f"{h['minutes']} minutes of 1-minute rollups")
+                f"{h['minutes']} minute{'' if h['minutes'] == 1 else 's'} of 1-minute rollups")
     if h["saturated"]:
         head.append(f"; SATURATED: {', '.join(h['saturated'])}", style="bold red")
     out.print()
