@@ -128,13 +128,24 @@ def _nvml_present() -> bool:
         return False
 
 
-@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver: top reads NVML in place of the agent")
-def test_top_once_with_neither_an_agent_nor_nvml_is_one_line_and_exit_69():
+def test_top_once_on_an_unreachable_agent_is_one_line_and_exit_69():
     port = free_port()
     out = subprocess.run(VGPUMON + ["top", f"127.0.0.1:{port}", "--once"], capture_output=True, text=True, env=_env(), timeout=60)
     assert out.returncode == 69
+    assert out.stderr == (f"vgpumon: top: the agent at 127.0.0.1:{port} is unreachable (connection refused); "
+                          "is `vgpumon agent` running?\n")
+
+
+@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver: top reads NVML in place of the agent")
+def test_top_on_this_host_with_neither_an_agent_nor_nvml_names_both(tmp_path):
+    """No HOST: this host's agent, else NVML here; with neither, one line naming both."""
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(f"[diagnose]\nport = {port}\n")
+    out = subprocess.run(VGPUMON + ["--config", str(config), "top", "--once"], capture_output=True, text=True, env=_env(), timeout=60)
+    assert out.returncode == 69
     assert out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith(f"vgpumon: top: the agent at 127.0.0.1:{port} is unreachable (connection refused)")
+    assert out.stderr.startswith(f"vgpumon: top: the agent at localhost:{port} is unreachable (connection refused)")
     assert "; and NVML unavailable: NVML library (libnvidia-ml.so.1) not found" in out.stderr
 
 

@@ -38,7 +38,11 @@ class AgentUnavailableError(VgpumonError):
 
 def top(
     ctx: typer.Context,
-    host: Annotated[str, typer.Argument(help="HOST or HOST:PORT of the agent (port default 19400, setting diagnose.port).")] = "localhost",
+    host: Annotated[
+        Optional[str],
+        typer.Argument(help="HOST or HOST:PORT of the agent (port default 19400, setting diagnose.port); default: this host's agent, else NVML here.",
+                       show_default=False),
+    ] = None,
     interval: Annotated[str, typer.Option(callback=_duration_param, help="Time between refreshes: 1s, 0.5, 2s.")] = "1s",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit (also when the output is not a terminal).")] = False,
     replay: Annotated[
@@ -52,7 +56,7 @@ def top(
     the link, power, temperature, throttle reasons and the process holding most memory; per vLLM
     server: state, running / waiting requests, KV-cache usage and prewarm time. q or Ctrl-C quits
     (exit 0). Needs a running agent (the API is open on loopback; VGPUMON_API_TOKEN off it).
-    Without an agent on this host, it reads NVML itself (SM activity from the second refresh
+    Without HOST and no agent answering on this host, it reads NVML itself (SM activity from the second refresh
     on: GPM measures between two reads; no vLLM servers). With --once, or piped, one frame;
     exit 69 when neither an agent nor NVML answers.
 
@@ -64,8 +68,8 @@ def top(
     settings = _settings(ctx)
     from vgpumon.diagnose.remote import parse_target
 
-    name, port, _ = parse_target(host, settings.diagnose.port)
-    local = name in ("localhost", "127.0.0.1", "::1")  # this host: NVML here can stand in for its agent
+    name, port, _ = parse_target(host or "localhost", settings.diagnose.port)
+    local = host is None  # "this host", not a named agent: NVML here can stand in for its agent
     token = settings.api.token.get_secret_value() if settings.api.token is not None else None
     where = f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
     seconds = float(interval)  # the callback made it seconds
