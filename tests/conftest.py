@@ -31,6 +31,12 @@ H200_CAPTURE = DATA / "h200-workload.jsonl.gz"
 H200_PHASES = json.loads((DATA / "h200-workload.phases.json").read_text())
 POSTGRES_ENV = "VGPUMON_TEST_POSTGRES_URL"
 
+# GNU readline, which pytest loads, exports COLUMNS=80 and LINES into this process's own
+# environment (not os.environ), and every child inherits them: reports piped from a child would
+# wrap at 80 columns (``vgpumon.diagnose.render.pipe_width``). A test that wants a width says so.
+os.unsetenv("COLUMNS")
+os.unsetenv("LINES")
+
 
 def _worker_database(url: str, worker: str) -> str:
     """``url`` with its database name suffixed by the xdist worker's id, created when missing."""

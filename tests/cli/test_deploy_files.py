@@ -5,6 +5,7 @@ agreeing with the agent's port, endpoints and options."""
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -139,9 +140,23 @@ def test_daemonset_mounts_the_pod_resources_directory_and_serves_on_the_default_
 def test_systemd_unit_serves_on_every_interface_and_stops_with_sigterm():
     unit = (EXPORTERS / "systemd" / "vgpumon-agent.service").read_text()
     assert re.search(rf"^Environment=VGPUMON_LISTEN=0\.0\.0\.0:{DEFAULT_PORT}$", unit, re.M)
-    assert re.search(r"^ExecStart=\S*vgpumon agent$", unit, re.M)
+    assert re.search(r"^ExecStart=/opt/vgpumon/bin/vgpumon agent$", unit, re.M)  # the venv of docs/deploy.md
     assert re.search(r"^KillSignal=SIGTERM$", unit, re.M)
     assert re.search(r"^RestartPreventExitStatus=69$", unit, re.M)  # no driver: restarting will not help
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (systemd)")
+def test_systemd_analyze_verifies_the_unit_clean(tmp_path):
+    """`systemd-analyze verify` on the unit, its ExecStart pointed at this test's own install of
+    vgpumon in place of /opt/vgpumon (which the test may not create): no warning, exit 0.
+    Before, the unit named /usr/local/bin/vgpumon, which nothing created."""
+    script = Path(sys.executable).with_name("vgpumon")
+    assert script.exists(), "the test's install has no vgpumon script"
+    unit = (EXPORTERS / "systemd" / "vgpumon-agent.service").read_text().replace("/opt/vgpumon/bin/vgpumon", str(script))
+    path = tmp_path / "vgpumon-agent.service"
+    path.write_text(unit)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stderr.strip() and not out.stdout.strip(), out.stdout + out.stderr
 
 
 def test_compose_mounts_what_the_repository_has_and_pins_its_images():

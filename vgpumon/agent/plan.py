@@ -81,9 +81,10 @@ class ApiPlan(TypedDict):
 
 
 class RunPlan(TypedDict):
-    """The run's own flags: replay, pace, duration, sysfs root."""
+    """The run's own flags: replay, pace, duration, sysfs root, the replay's shift in time."""
 
     replay: str | None
+    shift_s: float
     recorded_pace: bool
     duration: float | None
     sysfs: str | None

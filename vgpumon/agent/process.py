@@ -68,7 +68,8 @@ def setup_logging(level: str) -> None:
 
 
 def make_plan(
-    settings: "Settings", *, replay: str | None, recorded_pace: bool, duration: float | None, sysfs: str | None
+    settings: "Settings", *, replay: str | None, recorded_pace: bool, duration: float | None, sysfs: str | None,
+    shift_s: float = 0.0,
 ) -> Plan:
     """The agent's run as plain, JSON-able values, from the validated settings and the run's own
     flags. Every value was checked by ``vgpumon.config``; ``run`` trusts them.
@@ -79,6 +80,7 @@ def make_plan(
         recorded_pace: replay at the capture's own pace.
         duration: seconds to run, or ``None`` for until SIGINT/SIGTERM.
         sysfs: sysfs root for the PCIe topology, or ``None`` (the default for the mode).
+        shift_s: seconds added to a replay's every time (``--shift-to-now``).
     """
     a, st, ex, r, api = settings.agent, settings.store, settings.exporter, settings.rules, settings.api
     assert st.url is not None and a.hostname is not None, "load_settings fills the store URL and the host name"
@@ -106,7 +108,7 @@ def make_plan(
             "enabled": api.enabled, "token": api.token.get_secret_value() if api.token is not None else None,
             "stacks": api.stacks, "window": settings.diagnose.window,
         },
-        "run": {"replay": replay, "recorded_pace": recorded_pace, "duration": duration, "sysfs": sysfs},
+        "run": {"replay": replay, "shift_s": shift_s, "recorded_pace": recorded_pace, "duration": duration, "sysfs": sysfs},
     }
 
 
@@ -161,7 +163,7 @@ def run(plan: Plan) -> int:
     a, st, ex, rp = plan["agent"], plan["store"], plan["exporter"], plan["run"]
     replay = rp["replay"]
     exporter = exporter_config(ex["listen"], ex["metrics_file"])
-    backend = ReplayBackend(replay) if replay else None  # a bad capture: exit 65 before anything is created
+    backend = ReplayBackend(replay, shift_s=rp["shift_s"]) if replay else None  # a bad capture: exit 65 before anything is created
     slow_every = a["slow_every"]
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10

@@ -117,7 +117,9 @@ class PacedSampler(AgentState):
         self._sampler_over = Latch()
         self._start = self.monotonic()
         self._k, self._delay = 0, 0.0
-        self._last_flush = self._start
+        # the first tick is written at once: the API's diagnose reads the store, and an agent just
+        # started answered UNKNOWN for a flush interval while /metrics already had its data
+        self._last_flush = self._start - self.flush_interval
         self._next_read_at = time.monotonic()
         self._overrun_logged: float | None = None
         if self.call_deadline >= self.interval:

@@ -303,7 +303,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         """Replays: each tick read on the NVML thread under ``_sample``'s deadline and taken in on
         the event loop, as fast as the store takes them or at the capture's own pace."""
         loop = asyncio.get_running_loop()
-        last_flush = self.monotonic()
+        last_flush = self.monotonic() - self.flush_interval  # the first tick is written at once, as the paced loop does
         while not stop.is_set():
             try:
                 host_due = self._host_due()

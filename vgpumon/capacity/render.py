@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vgpumon import catalogue
+from vgpumon.base.figures import print_figures
 from vgpumon.base.fmt import duration
 from vgpumon.capacity.schema import GpuDirection, HostReview, Link, Review
 
@@ -52,7 +53,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
         out.print(head)
         return
     head.append(f" — {len(h['gpus'])} GPU{'' if len(h['gpus']) == 1 else 's'}; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
-                f"{h['minutes']} minutes of 1-minute rollups")
+                f"{h['minutes']} minute{'' if h['minutes'] == 1 else 's'} of 1-minute rollups")
     if h["saturated"]:
         head.append(f"; SATURATED: {', '.join(h['saturated'])}", style="bold red")
     out.print()
@@ -66,7 +67,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
             st.append(f"; {state['slot']}", style="yellow")
         t.add_row(str(g["index"]), f"{_link(g['link_max'])} ({_link(g['link_negotiated'])})", _quartet(g["tx"]),
                   _pct(g["tx"]["p95_share_of_max_link"]), _quartet(g["rx"]), _pct(g["rx"]["p95_share_of_max_link"]), st)
-    out.print(t)
+    print_figures(t, out, blank_line=False)  # whole figures at any width: blocks of lines where the table is too wide
     if not h["shared"]:
         out.print(Text(h["note"] or "no shared switch or root port above these GPUs", style="dim"))
         return
@@ -82,11 +83,10 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
                   _rate(p["tx"]["p95_bytes_per_second"]), _rate(p["rx"]["p95_bytes_per_second"]),
                   Text(_pct(p["p95_share"]) + (" SATURATED" if p["saturated"] else ""), style=style), _rate(per_card),
                   _pct(last), Text(head_room, style=style))
-    out.print(s)
+    print_figures(s, out, blank_line=False)
     for p in h["shared"]:
         for proj in p["projections"]:
             if proj["add"] == review["add_cards"] and proj["p95_share"] is not None:
                 out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
                           f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
-                          + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""),
-                          soft_wrap=True)
+                          + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))

@@ -44,6 +44,10 @@ def agent(
         Optional[Path],
         typer.Option(help="Replay a capture made by `vgpumon record` instead of reading the GPUs (no GPU needed)."),
     ] = None,
+    shift_to_now: Annotated[
+        bool,
+        typer.Option("--shift-to-now", help="Move a replay's times so that its last tick is now: a capture of any age is stored, kept and judged as fresh data."),
+    ] = False,
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
     hostname: Annotated[
         Optional[str],
@@ -143,11 +147,13 @@ def agent(
     exits 69 with one line naming the cause.
 
     Examples:\n
-      vgpumon agent                                     # sample into the default SQLite store\n
-      vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db sqlite:///demo.db
+      vgpumon agent                # sample into the default SQLite store\n
+      vgpumon agent --replay tests/data/h200-workload.jsonl.gz --db demo.db
     """
     if pace is Pace.recorded and replay is None:
         raise UsageError("--pace recorded paces a replay: give --replay CAPTURE (a live agent ticks every --interval)")
+    if shift_to_now and replay is None:
+        raise UsageError("--shift-to-now moves a replay in time: give --replay CAPTURE")
     settings = _settings(
         ctx,
         {
@@ -181,8 +187,16 @@ def agent(
     from vgpumon.agent import process as agent_main
     from vgpumon.base import signals
 
+    shift_s = 0.0
+    if shift_to_now and replay is not None:
+        import time
+
+        from vgpumon.sources.nvml.capture import capture_end
+
+        # a replay as fast as possible stores its last tick within seconds: that tick is now
+        shift_s = time.time() - capture_end(replay)
     plan = agent_main.make_plan(
-        settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded,
+        settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded, shift_s=shift_s,
         duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
     )
     if signals.exec_allowed and agent_main.can_exec():

@@ -114,7 +114,7 @@ def diagnose(
 
     Examples:\n
       vgpumon diagnose gpu-host-17\n
-      vgpumon diagnose gpu-host-17 --db postgresql+psycopg://monitor@db/fleet --max-age 2m\n
+      vgpumon diagnose gpu-host-17 --db postgresql+psycopg://db/fleet --max-age 2m\n
       vgpumon diagnose localhost --since 6h --stacks
     """
     settings = _settings(

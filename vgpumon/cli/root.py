@@ -18,9 +18,12 @@ from vgpumon.cli.capacity import capacity
 from vgpumon.cli.config import config_app
 from vgpumon.cli.dashboards import dashboards_app
 from vgpumon.cli.db import db_app
+from vgpumon.cli.demo import demo
 from vgpumon.cli.diagnose import diagnose
+from vgpumon.cli.helptext import reflow_app
 from vgpumon.cli.outcomes import _OUTPUT_ERRNOS, _one_line, _reader_gone, _silence_stdout, _stdout_file
 from vgpumon.cli.rules import rules_app
+from vgpumon.cli.top import top
 
 # typer ≥ 0.20 vendors click as ``typer._click``; older releases use click itself. Take the
 # exception classes from typer's public BadParameter so that both work.
@@ -72,11 +75,14 @@ def _root(
 app.command()(agent)
 app.command()(record)
 app.command()(diagnose)
+app.command()(top)
 app.command()(capacity)
+app.command()(demo)
 app.add_typer(db_app)
 app.add_typer(config_app)
 app.add_typer(dashboards_app)
 app.add_typer(rules_app)
+reflow_app(app)  # every help paragraph wrapped by the terminal, not where its docstring broke
 
 
 def _names_no_command(argv: list[str]) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
-from vgpumon.base.errors import ExitCode
+from vgpumon.base.errors import ExitCode, UsageError
 
 rules_app = typer.Typer(
     name="rules",
@@ -22,12 +22,26 @@ def rules_build(
     out: Annotated[Path, typer.Option(help="Directory of the Prometheus rule files.", file_okay=False)] = Path("rules"),
     runbooks: Annotated[Path, typer.Option(help="Directory of the runbooks.", file_okay=False)] = Path("docs/runbooks"),
     check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 when a file differs from what would be written.")] = False,
+    runbook_base_url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--runbook-base-url",
+            help="Prefix of every alert's runbook_url, e.g. https://git.example.com/vgpumon/blob/main/docs/runbooks/ "
+            "(default docs/runbooks/, the path in this repository).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Generate rules/*.rules.yml (the Prometheus twins) and docs/runbooks/*.md from the rule
-    catalogue, with the default thresholds. Run from the repository root; commit the result."""
+    catalogue, with the default thresholds. Run from the repository root; commit the result.
+
+    Alertmanager and Grafana show runbook_url as a link: give --runbook-base-url where your
+    copy of docs/runbooks/ is served, so that the link opens it."""
+    from vgpumon.config.thresholds import Thresholds
     from vgpumon.rules import docs, prometheus
 
-    wanted = {out / name: text for name, text in prometheus.render().items()}
+    th = Thresholds() if runbook_base_url is None else Thresholds(runbook_base_url=_base_url(runbook_base_url))
+    wanted = {out / name: text for name, text in prometheus.render(th).items()}
     wanted |= {runbooks / name: text for name, text in docs.render().items()}
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
     if check:
@@ -38,6 +52,20 @@ def rules_build(
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(wanted[p])
     typer.echo(f"{len(wanted)} files, {len(stale)} written")
+
+
+def _base_url(value: str) -> str:
+    """A runbook base URL checked at the door: an http(s) URL or a relative path, no spaces or
+    quotes (it goes into YAML and Markdown links); a ``/`` is added where it has none."""
+    from urllib.parse import urlsplit
+
+    bad = next((c for c in value if c.isspace() or c in "\"'<>`"), None)
+    if not value or bad is not None:
+        raise UsageError(f"--runbook-base-url {value!r}: {'empty' if not value else f'contains {bad!r}'}; give a URL such as https://git.example.com/vgpumon/blob/main/docs/runbooks/")
+    parts = urlsplit(value)
+    if parts.scheme and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise UsageError(f"--runbook-base-url {value!r}: not an http(s) URL with a host, nor a relative path")
+    return value if value.endswith("/") else value + "/"
 
 
 @rules_app.command("list")
@@ -53,5 +81,16 @@ def rules_list(as_json: Annotated[bool, typer.Option("--json", help="Print the c
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    for r in rows:
-        typer.echo(f"{r['name']:<28} {r['severity']:<9} {r['subject']:<12} {r['summary']}")
+    from rich import box
+    from rich.table import Table
+
+    from vgpumon.config import format_duration
+    from vgpumon.diagnose.render import console
+
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
+    for name in ("name", "severity", "subject", "for"):
+        t.add_column(name, no_wrap=True)
+    t.add_column("summary")
+    for rule in RULES:
+        t.add_row(rule.name, rule.severity, rule.subject, format_duration(rule.for_seconds), rule.summary)
+    console().print(t)

@@ -103,7 +103,21 @@ def fetch_report(
     query = {k: v for k, v in (("window", window), ("since", since), ("max_age", max_age)) if v}
     if stacks:
         query["stacks"] = "1"
-    url = f"{agent_url(host, port)}/api/v1/diagnose" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    report = fetch_json(host, port, "/api/v1/diagnose" + (f"?{urllib.parse.urlencode(query)}" if query else ""), token=token, timeout=timeout)
+    if not isinstance(report, dict) or "status" not in report or "host" not in report:
+        raise AgentRefused(200, "the answer is not a diagnose report (is that port a vgpumon agent?)")
+    return cast(Report, report)
+
+
+def fetch_json(host: str, port: int, path: str, *, token: str | None, timeout: float) -> object:
+    """``GET path`` of the agent's API as JSON (``fetch_report``; ``vgpumon top`` reads
+    ``/api/v1/snapshot``).
+
+    Raises:
+        AgentUnreachable: nothing answered (connection refused, unknown name, timeout).
+        AgentRefused: the agent answered with an HTTP error (its JSON message), or not JSON.
+    """
+    url = f"{agent_url(host, port)}{path}"
     request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})  # noqa: S310  the URL is built here from a checked host and port, http only
     # proxies from the environment are for the web, not for a GPU host's agent; no redirects:
     # the token goes to the host named, never to one an answer points at
@@ -121,12 +135,9 @@ def fetch_report(
         reason = getattr(exc, "reason", exc)
         raise AgentUnreachable(_why(reason)) from None
     try:
-        report: object = json.loads(body)
+        return cast(object, json.loads(body))
     except ValueError:
         raise AgentRefused(200, "the answer is not JSON (is that port a vgpumon agent?)") from None
-    if not isinstance(report, dict) or "status" not in report or "host" not in report:
-        raise AgentRefused(200, "the answer is not a diagnose report (is that port a vgpumon agent?)")
-    return cast(Report, report)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

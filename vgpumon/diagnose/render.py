@@ -6,8 +6,9 @@ agent's API serves; "N/A (reason)" lives here only. Every value is printed by it
 entry's display (``vgpumon.catalogue.fmt``), so a field's unit and format are decided in one
 place.
 
-The verdict and its reasons are printed without wrapping, one line each, so that the first lines
-of the output answer the question even in a narrow pager or a monitoring plugin's output field.
+The verdict is printed without wrapping, on one line, so that the first line of the output
+answers the question even in a narrow pager or a monitoring plugin's output field; every other
+line wraps at word boundaries within the console's width (``console``), never mid-word.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from typing import IO, Sequence
 
 from rich import box
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from vgpumon import catalogue
+from vgpumon.base.figures import print_figures
 from vgpumon.base.fmt import duration
 from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServer
 
@@ -65,15 +66,21 @@ class _ReportConsole(Console):
             pass
 
 
+def pipe_width() -> int:
+    """Columns of output that is not a terminal: ``$COLUMNS`` when it is exported (``COLUMNS=80
+    vgpumon … | less``: the reader's terminal), else ``PIPE_WIDTH``."""
+    given = os.environ.get("COLUMNS", "").strip()
+    return int(given) if given.isdigit() and 20 <= int(given) <= 1000 else PIPE_WIDTH
+
+
 def console(file: IO[str] | None = None, *, width: int | None = None, color: bool | None = None) -> Console:
     """A rich console for reports. ``color`` ``None``: colour and width of a terminal when the
-    output is one; otherwise (a file, a pipe, a monitoring plugin) no colour and ``PIPE_WIDTH``
-    columns — not ``$COLUMNS``, which describes a terminal (and is set to 80 in environments
-    that have none, pytest's among them). ``NO_COLOR`` is honoured by rich."""
+    output is one; otherwise (a file, a pipe, a monitoring plugin) no colour and ``pipe_width()``
+    columns. Text wraps at word boundaries within the width. ``NO_COLOR`` is honoured by rich."""
     probe = Console(file=file)
     terminal = probe.is_terminal if color is None else color
     if width is None and not probe.is_terminal:
-        width = PIPE_WIDTH
+        width = pipe_width()
     return _ReportConsole(file=file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False)
 
 
@@ -113,6 +120,16 @@ def _gpu_name(f: Finding) -> str:
         return f"GPU {gpu['index']}"
     subject = f.get("subject") or {}
     return next((f"{k} {v}" for k, v in subject.items() if k in ("server", "port", "source")), "host")
+
+
+def _hang(out: Console, lead: str | Text, body: str | Text, style: str = "") -> None:
+    """``lead`` then ``body``, ``body`` wrapped at word boundaries with its continuation lines
+    under its own start (a hanging indent), so a wrapped line never reads as a new entry."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(lead if isinstance(lead, Text) else Text(lead, style=style), body if isinstance(body, Text) else Text(body, style=style))
+    out.print(grid)
 
 
 def render_diagnose(report: Report, *, width: int | None = None, color: bool = False) -> str:
@@ -171,13 +188,13 @@ def _verdict(report: Report, out: Console) -> None:
         head.append(f"; from {source['kind']} {source['where']}", style="dim")
     out.print(head, soft_wrap=True)
     for f in v["reasons"]:
-        line = Text("  ")
-        line.append(f"{f['severity'].upper():<8} ", style=STYLE[f["severity"]])
-        line.append(f"{_gpu_name(f)}: ", style="bold")
+        lead = Text("  ")
+        lead.append(f"{f['severity'].upper():<8} ", style=STYLE[f["severity"]])
+        line = Text(f"{_gpu_name(f)}: ", style="bold")
         line.append(f["headline"])
         if f.get("next_step"):
             line.append(f" → {f['next_step']}", style="cyan")
-        out.print(line, soft_wrap=True)
+        _hang(out, lead, line)  # wrapped at word boundaries; the first line alone is never wrapped
 
 
 def _findings(report: Report, out: Console) -> None:
@@ -198,8 +215,8 @@ def _findings(report: Report, out: Console) -> None:
         out.print(head)
         gpu = f.get("gpu")
         if gpu is not None:
-            out.print(f"  GPU       {gpu['index']}  {gpu['name'] or 'N/A'}  {gpu['uuid']}  serial {gpu['serial'] or 'N/A'}  bus {gpu['pci_bus_id'] or 'N/A'}")
-        out.print(f"  evidence  {f['message']}")
+            _hang(out, "  GPU       ", f"{gpu['index']}  {gpu['name'] or 'N/A'}  {gpu['uuid']}  serial {gpu['serial'] or 'N/A'}  bus {gpu['pci_bus_id'] or 'N/A'}")
+        _hang(out, "  evidence  ", f["message"])
         xids = f.get("xids")
         if xids:
             table = Table("XID", "meaning", "NVIDIA", "action", "events (UTC)", box=None, padding=(0, 1), show_edge=False)
@@ -207,16 +224,16 @@ def _findings(report: Report, out: Console) -> None:
                 table.add_row(str(x["code"]), x["meaning"], x["bucket"], x["action"], ", ".join(_clock(t) for t in x["times"]))
             out.print(table)
         elif f.get("meaning"):
-            out.print(f"  means     {f['meaning']}")
+            _hang(out, "  means     ", f["meaning"] or "")
         if f.get("next_step"):
-            out.print(Text(f"  next      {f['next_step']}", style="cyan"))
+            _hang(out, "  next      ", f["next_step"] or "", style="cyan")
         if f.get("runbook_url"):
             out.print(f"  runbook   {f['runbook_url']}", style="dim")
     if minor:
         lead = "and " if major else ""
         out.print(Text(f"{lead}{len(minor)} pending or informational:", style="dim"))
         for f in minor:
-            out.print(Text(f"  {_gpu_name(f)}: {f['message']}", style="dim"))
+            _hang(out, "  ", f"{_gpu_name(f)}: {f['message']}", style="dim")
 
 
 def _gpus(report: Report, out: Console) -> None:
@@ -251,30 +268,9 @@ def _gpus(report: Report, out: Console) -> None:
 
 
 def _print_figures(t: Table, out: Console) -> None:
-    """A table of figures, after a blank line. Where the console is narrower than the table (an
-    80-column terminal), each row is printed as a block of "column  value" lines instead: rich
-    would otherwise cut the figures themselves ("59.…", "204…"), which is worse than no table."""
-    out.print()
-    if Measurement.get(out, out.options.update(max_width=10_000), t).maximum <= out.width:
-        out.print(t)
-        return
-    if t.title:
-        out.print(Text(str(t.title), style="italic"))
-    columns = t.columns
-    cells = [list(c.cells) for c in columns]
-    label = max(len(str(c.header)) for c in columns[1:])
-    for row in range(t.row_count):
-        head = Text(f"{columns[0].header} ", style="bold")
-        cell = cells[0][row]
-        head.append(cell if isinstance(cell, Text) else str(cell))
-        out.print(head)
-        for column, values in zip(columns[1:], cells[1:]):
-            line = Text(f"  {str(column.header):<{label}}  ")
-            value = values[row]
-            line.append(value if isinstance(value, Text) else Text(str(value)))
-            out.print(line)
-    if t.caption:
-        out.print(Text(str(t.caption), style="dim italic"))
+    """A table of figures after a blank line, as blocks of lines where it is wider than the
+    console (``vgpumon.base.figures``)."""
+    print_figures(t, out)
 
 
 def _iso(ts: float | None) -> str | None:
@@ -406,7 +402,7 @@ def _trends(report: Report, out: Console) -> None:
         slope = g["memory_slope_bytes_per_second"]
         slope_txt = "N/A" if slope is None else f"{slope * 3600 / 1e9:+.2f} GB/h"
         lo_hi = f"{_g('memory_used_bytes', min(known))} → max {_g('memory_used_bytes', max(known))}" if known else "no readings"
-        out.print(f"GPU {g['index']:<3} memory    {sparkline(mem)}  {lo_hi}; slope {slope_txt}", soft_wrap=True)
+        out.print(f"GPU {g['index']:<3} memory    {sparkline(mem)}  {lo_hi}; slope {slope_txt}")
         cap = g["pcie_capacity_bytes_per_second"]
         both = [max(a or 0.0, b or 0.0) if a is not None or b is not None else None
                 for a, b in zip(g["pcie_tx_p95_bytes_per_second"], g["pcie_rx_p95_bytes_per_second"])]
@@ -414,7 +410,7 @@ def _trends(report: Report, out: Console) -> None:
         peak_txt = "no readings" if peak is None else (
             f"peak {peak['direction'].upper()} {_g('pcie_rx_bytes_per_second', peak['bytes_per_second'])}"
             f" ({_g('sm_active_ratio', peak['share_of_max_link'], 'n/a')} of the max link) at {_clock(peak['at'])}")
-        out.print(f"        PCIe p95  {sparkline(both, cap)}  {peak_txt} (scale: the max link)", soft_wrap=True)
+        out.print(f"        PCIe p95  {sparkline(both, cap)}  {peak_txt} (scale: the max link)")
 
 
 def _xids(report: Report, out: Console) -> None:
@@ -448,7 +444,7 @@ def _paths(report: Report, out: Console) -> None:
         out.print()
         out.print(Text("PCIe paths (vgpumon capacity reviews the shared links)", style="bold underline"))
         for line in lines:
-            out.print(line, soft_wrap=True)
+            out.print(line)
 
 
 def _earlier(episodes: list[Earlier]) -> str:
@@ -483,8 +479,7 @@ def _history(report: Report, out: Console) -> None:
                      "(the agent stopped, or has not evaluated since)")
         else:
             ended = f"{_clock(_iso(a['resolved_at']))} UTC"
-        out.print(f"  {a['severity'].upper():<8} {a['name']} {gpu}: {_clock(_iso(a['fired_at']))} → {ended} — {a['description']}",
-                  soft_wrap=True)
+        out.print(f"  {a['severity'].upper():<8} {a['name']} {gpu}: {_clock(_iso(a['fired_at']))} → {ended} — {a['description']}")
 
 
 def _freshness(report: Report, out: Console) -> None:
@@ -522,4 +517,4 @@ def _unknown_rules(report: Report, out: Console) -> None:
     out.print(Text("Rules that could not judge (inputs absent; never taken as healthy)", style="dim"))
     for (rule, reason), who in sorted(grouped.items()):
         where = f"GPU {', '.join(who)}" if all(w.isdigit() for w in who) else ", ".join(who)
-        out.print(Text(f"  {rule} ({where}): {reason}", style="dim"), soft_wrap=True)
+        out.print(Text(f"  {rule} ({where}): {reason}", style="dim"))

@@ -11,7 +11,7 @@ prints it as it is; the agent's ``/api/v1/diagnose`` serves it. Decisions: docs/
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vgpumon.base.errors import ExitCode
 from vgpumon.base.fmt import clock, duration, iso
@@ -212,9 +212,15 @@ def build_report(
         return _finish(report)
     ids = [g.id for g in gpus]
     end = store.newest_ts(ids)
+    from_rollups = end is None
     if end is None:
-        report["findings"].append(own("unknown", "no samples stored for this host", kind="no_data"))
-        return _finish(report)
+        # the raw rows have expired (raw retention) but the 1-minute rollups are kept: the
+        # window ends at the newest rollup's last moment, and its figures come from the rollups
+        newest_minute = store.newest_rollup_ts(ids)
+        if newest_minute is None:
+            report["findings"].append(own("unknown", "no samples stored for this host", kind="no_data"))
+            return _finish(report)
+        end = newest_minute + ROLLUP_MINUTE_S - 0.001
     start = end - window_seconds
     look = min(start, since if since is not None else start, end - lookback_seconds if lookback_seconds else start)
     report["window"] = {"start": iso(start), "end": iso(end), "seconds": window_seconds}
@@ -292,7 +298,12 @@ def build_report(
     topology = store.topology(hostname)
     # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
     # every page once per GPU (docs/benchmarks.md, store section)
-    aggs = store.window_aggregates_many(ids, start, end, WINDOW_COLUMNS)
+    aggs = rollup_aggregates(store, ids, start, end, WINDOW_COLUMNS) if from_rollups else store.window_aggregates_many(ids, start, end, WINDOW_COLUMNS)
+    if from_rollups:
+        findings.append(own(
+            "info", "the raw samples of this window have expired (raw retention); its figures are from the 1-minute rollups, "
+            "and the rules that read raw samples could not judge it", since=start, kind="from_rollups",
+        ))
     rejected = store.rejections(hostname, start, end)
     lasts = {g.id: view.last_values(g.id, LAST_COLUMNS) for g in gpus}
     blocks = []
@@ -337,6 +348,31 @@ def build_report(
     for b in blocks:
         b["findings"] = [f for f in report["findings"] if (ref := f["gpu"]) is not None and ref["uuid"] == b["uuid"]]
     return report
+
+
+#: The length of a rollup row (``gpu_samples_1m``).
+ROLLUP_MINUTE_S = 60.0
+
+
+def rollup_aggregates(store: Store, ids: list[int], start: float, end: float, columns: tuple[str, ...]) -> dict[int, dict[str, Any]]:
+    """``Store.window_aggregates_many``'s mean and max of ``columns`` over the window, from the
+    1-minute rollups (for a window whose raw rows have expired): each minute's mean weighted by
+    its samples, the largest minute maximum; ``samples`` and ``up_samples`` summed."""
+    wanted = ["up_samples", *(f"{c}_{a}" for c in columns for a in ("mean", "max"))]
+    rows = store.rollup_series_many(ids, start - ROLLUP_MINUTE_S, end, wanted)
+    out: dict[int, dict[str, Any]] = {}
+    for gid in ids:
+        minutes = [r for r in rows.get(gid, []) if r["ts"] + ROLLUP_MINUTE_S > start]
+        agg: dict[str, Any] = {"samples": sum(int(r["samples"] or 0) for r in minutes),
+                               "up_samples": sum(int(r["up_samples"] or 0) for r in minutes)}
+        for c in columns:
+            means = [(r[f"{c}_mean"], int(r["samples"] or 0)) for r in minutes if r[f"{c}_mean"] is not None]
+            weight = sum(n for _, n in means)
+            agg[f"{c}_mean"] = sum(v * n for v, n in means) / weight if weight else None
+            maxima = [r[f"{c}_max"] for r in minutes if r[f"{c}_max"] is not None]
+            agg[f"{c}_max"] = max(maxima) if maxima else None
+        out[gid] = agg
+    return out
 
 
 def _xid_section(events: list[tuple[float, int, int]], index_of: dict[int, int], since: float) -> list[XidEntry]:

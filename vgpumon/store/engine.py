@@ -330,7 +330,8 @@ def make_engine(
             parsed, pool_pre_ping=True, connect_args=connect_args
         )
     except (NoSuchModuleError, ModuleNotFoundError, ImportError) as exc:
-        raise StoreUnavailableError(f"no driver for {parsed.drivername}: {exc}") from None
+        extra = "; install the postgres extra: pip install 'vgpumon[postgres]'" if parsed.get_backend_name() == "postgresql" else ""
+        raise StoreUnavailableError(f"no driver for {parsed.drivername}: {exc}{extra}") from None
     except ArgumentError as exc:
         raise StoreUnavailableError(mask_secrets(f"not a usable store URL: {str(exc).splitlines()[0]}")) from None
     if engine.dialect.name == "sqlite":

@@ -326,6 +326,22 @@ def iter_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[Tick]]:
 
     return header, ticks()
 
+def capture_end(path: str | Path) -> float:
+    """The time of a capture's last tick (epoch seconds), read through the whole file once.
+
+    Raises:
+        CaptureFormatError: as ``iter_capture``.
+    """
+    _, ticks = iter_capture(path)
+    last: float | None = None
+    for tick in ticks:
+        if tick["ts"] is not None:
+            last = float(tick["ts"])
+    if last is None:
+        raise CaptureFormatError(f"{path}: the capture has no tick")
+    return last
+
+
 def read_capture(path: str | Path) -> tuple[CaptureHeader, list[Tick]]:
     """Read a whole capture file into memory (``iter_capture`` streams it instead).
 
@@ -354,6 +370,8 @@ class ReplayBackend:
         path: capture file written by ``RecordingBackend`` (``vgpumon record``).
         ticks: ticks (with ``header``) instead of ``path``, for derived scenarios; any iterable,
             consumed once, the init block (``tick == -1``) first when there is one.
+        shift_s: seconds added to every tick's time and every XID event's (``capture_end``:
+            a replay made to end now, so that retention and freshness judge it as new data).
     """
 
     replays_time = True
@@ -364,8 +382,10 @@ class ReplayBackend:
         *,
         header: CaptureHeader | None = None,
         ticks: Iterable[Tick] | None = None,
+        shift_s: float = 0.0,
     ) -> None:
         self._where = str(path) if path is not None else "the capture"
+        self.shift_s = float(shift_s)
         if path is not None:
             header, ticks = iter_capture(path)
         if header is None or ticks is None:
@@ -432,7 +452,7 @@ class ReplayBackend:
             log.warning("capture tick %d skipped: its time %r s is not a plausible time (2000-01-01 to 2100-01-01)",
                         tick["tick"], recorded)
         self._current = self._index(tick["calls"])
-        return float(recorded)
+        return float(recorded) + self.shift_s
 
     def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
         value = self._answer("sys", fn, args, {})
@@ -466,7 +486,10 @@ class ReplayBackend:
         pass
 
     def xid_poll(self) -> list[RawXid]:
-        return list(self._answer("sys", "xid_poll", (), {}) or [])
+        events = list(self._answer("sys", "xid_poll", (), {}) or [])
+        if self.shift_s:
+            events = [{**e, "ts": e["ts"] + self.shift_s} if isinstance(e.get("ts"), (int, float)) else e for e in events]
+        return events
 
     def pcie_throughput(self, index: int, period: float | None = None) -> PcieReading | None:
         kwargs: dict[str, NvmlArg] = {} if period is None else {"period": period}

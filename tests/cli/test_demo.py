@@ -1,0 +1,130 @@
+"""The README's demo as a newcomer runs it: one command shows the 8-GPU incident's CRITICAL first
+screen with evidence and next step, a healthy host and a shared-switch projection; and a replay
+shifted to end now keeps working with the default retention of `db prune` whatever the
+capture's age (the recorded captures are from November 2026, older than the 72 h raw retention
+on any later day)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DATA, H200_CAPTURE, stored_ticks
+
+from vgpumon.sources.nvml.capture import capture_end
+
+pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
+
+VGPUMON = [sys.executable, "-m", "vgpumon"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}, **extra}
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, env=_env(**env), timeout=300)
+
+
+def _replay_prune_diagnose(tmp_path: Path, *shift: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    db = tmp_path / "s.db"
+    out = run("agent", "--replay", str(H200_CAPTURE), "--hostname", "h", "--db", str(db), "--listen", "off",
+              "--spool", str(tmp_path / "spool"), *shift)
+    assert out.returncode == 0, out.stderr
+    # the retention of the README's demo, stated here so that the test does not depend on the default
+    out = run("db", "prune", "--db", str(db), "--raw-retention", "72h", "--rollup-retention", "90d")
+    assert out.returncode == 0, out.stderr
+    return run("diagnose", "h", "--db", str(db)), stored_ticks(db)
+
+
+def test_a_replay_older_than_the_raw_retention_keeps_raw_rows_only_when_shifted_to_now(tmp_path):
+    """Without --shift-to-now, a capture older than the raw retention loses its raw rows to
+    `db prune`; shifted, the same capture keeps all 76 rows and diagnose reports it as fresh."""
+    import time
+
+    assert time.time() - capture_end(H200_CAPTURE) > 72 * 3600, "the recorded capture is older than the raw retention"
+    _, old_rows = _replay_prune_diagnose(tmp_path / "as-recorded")
+    assert old_rows == 0
+    new, new_rows = _replay_prune_diagnose(tmp_path / "shifted", "--shift-to-now")
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert new.stdout.startswith("OK h — nothing to act on; data as of"), new.stdout.splitlines()[0]
+    assert new_rows == 76
+    # the verdict's age is the time since the replay, not since November
+    assert " days ago" not in new.stdout.splitlines()[0]
+
+
+def test_diagnose_reads_the_rollups_where_the_raw_rows_have_expired(tmp_path):
+    """The capture, older than the raw retention, pruned: its raw rows are gone, the 1-minute
+    rollups stay, and diagnose reports from them — not UNKNOWN "no samples" — with the same
+    maxima as the report from the raw rows before the prune, and says where its figures come from."""
+    db = tmp_path / "s.db"
+    out = run("agent", "--replay", str(H200_CAPTURE), "--hostname", "h", "--db", str(db), "--listen", "off", "--spool", str(tmp_path / "spool"))
+    assert out.returncode == 0, out.stderr
+    before = run("diagnose", "h", "--db", str(db), "--json")
+    assert run("db", "prune", "--db", str(db), "--raw-retention", "72h", "--rollup-retention", "90d").returncode == 0
+    assert stored_ticks(db) == 0
+    after = run("diagnose", "h", "--db", str(db), "--json")
+    text = run("diagnose", "h", "--db", str(db))
+    assert after.returncode == 0 and text.stdout.startswith("OK h — nothing to act on"), text.stdout[:300]
+    import json
+
+    raw, rolled = json.loads(before.stdout)["gpus"][0], json.loads(after.stdout)["gpus"][0]
+    for area, key in (("sm_active", "max_ratio"), ("utilization", "max_ratio"), ("power", "max_watts"), ("temperature", "max_celsius")):
+        assert rolled[area][key] == pytest.approx(raw[area][key]), (area, rolled[area], raw[area])
+    assert rolled["pcie"]["rx"]["max_bytes_per_second"] == pytest.approx(raw["pcie"]["rx"]["max_bytes_per_second"])
+    assert "59.24 GB/s (94.0 %)" in text.stdout  # RX max, as the raw report showed it
+    assert "its figures are from the 1-minute rollups" in " ".join(text.stdout.split())
+
+
+def test_shift_to_now_without_a_replay_is_a_usage_error(tmp_path):
+    out = run("agent", "--shift-to-now", "--db", str(tmp_path / "s.db"), "--listen", "off")
+    assert out.returncode == 64
+    assert out.stderr.strip() == "vgpumon: --shift-to-now moves a replay in time: give --replay CAPTURE"
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    d = tmp_path_factory.mktemp("demo") / "work"
+    return run("demo", "--data", str(DATA), "--dir", str(d), "--lines", "24", COLUMNS="80"), d
+
+
+def test_the_demo_opens_on_the_incidents_critical_screen_with_evidence_and_next_step(demo):
+    out, _ = demo
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    sick = text[text.index("$ vgpumon diagnose gpu-incident"):text.index("$ vgpumon diagnose h200-healthy")]
+    lines = sick.splitlines()[1:]
+    assert lines[0].startswith("CRITICAL gpu-incident — 3 critical, 2 warning; data as of"), lines[0]
+    first_screen = " ".join(" ".join(lines[:24]).split())
+    # the three critical reasons, each with its evidence and what to do
+    assert "CRITICAL GPU 3: 2 volatile uncorrectable ECC errors" in first_screen
+    assert "→ Drain the GPU (stop scheduling work on it), then reset it (`nvidia-smi -r -i 3`) or reboot." in first_screen
+    assert "CRITICAL GPU 5: Unreadable for" in first_screen and "(NVML: GPU is lost)" in first_screen
+    assert "CRITICAL GPU 5: XID 79 (GPU has fallen off the bus)" in first_screen
+    assert "more lines: findings in full" in sick
+    assert max(len(line) for line in lines[1:]) <= 80
+
+
+def test_the_demo_shows_a_healthy_host_and_a_shared_switch_projection(demo):
+    out, work = demo
+    text = out.stdout
+    healthy = text[text.index("$ vgpumon diagnose h200-healthy"):text.index("$ vgpumon capacity")]
+    assert healthy.splitlines()[1].startswith("OK h200-healthy — nothing to act on; data as of"), healthy.splitlines()[1]
+    review = " ".join(text[text.index("$ vgpumon capacity gpu-incident"):].split())
+    # four GPUs behind each switch: two more cards with the current per-card load overrun the shared link
+    assert "bridge 0000:10:00.0: adding 2 cards with the current per-card load brings the shared link to" in review
+    assert "(saturated from 80.0 %; no headroom)" in review
+    # the store stays for the reader, with both hosts, and the demo says where
+    assert f"The store stays in {work}" in " ".join(text.split())
+    again = run("diagnose", "gpu-incident", "--db", str(work / "demo.db"))
+    assert again.returncode == 2
+
+
+def test_the_demo_without_its_captures_is_one_line_and_exit_65(tmp_path):
+    out = run("demo", "--data", str(tmp_path), "--dir", str(tmp_path / "w"))
+    assert out.returncode == 65
+    assert out.stderr.count("\n") == 1 and "h200-workload.jsonl.gz is not there" in out.stderr
