@@ -108,6 +108,10 @@ class VllmSettings(_Section):
         default_factory=list, description="also scrape these servers (e.g. published by a container)"
     )
     interval: Annotated[float, _duration(0.1, 3600)] = Field(default=2.0, description="time between scrapes")
+    probe_timeout: Annotated[float, _duration(0, 600)] = Field(
+        default=10.0,
+        description="deadline of the one-token generation probe of a server that reads idle while clients wait on it (0: off)",
+    )
 
     @field_validator("urls")
     @classmethod

@@ -60,6 +60,8 @@ class FakeVllmServer:
         stats: a JSON ``/stats`` document; ``None`` → 404 (vLLM has none).
         hang: paths that never answer (the request waits until the server stops).
         requests: paths requested, in order.
+        completions: the ``X-Request-Id`` of each ``POST /v1/completions`` (the generation
+            probe), in order; each is answered with one token unless the path is in ``hang``.
     """
 
     metrics: str | bytes = ""
@@ -74,6 +76,7 @@ class FakeVllmServer:
     stats: dict[str, JsonValue] | None = None
     hang: set[str] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -92,6 +95,7 @@ class FakeVllmServer:
         """Listen on ``port`` (default: the previous port, else a free one)."""
         app = web.Application()
         app.router.add_get("/{path:.*}", self._handle)
+        app.router.add_post("/v1/completions", self._complete)
         self._release = asyncio.Event()
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
@@ -112,6 +116,16 @@ class FakeVllmServer:
         if value is None:
             return web.json_response({"detail": "Not Found"}, status=404)
         return web.json_response(value)
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append("/v1/completions")
+        self.completions.append(request.headers.get("X-Request-Id", ""))
+        if "/v1/completions" in self.hang:
+            await self._release.wait()
+            return web.Response(status=503)
+        doc = await request.json()
+        return web.json_response({"object": "text_completion", "model": doc.get("model"),
+                                  "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}]})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]
