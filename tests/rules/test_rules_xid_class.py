@@ -13,28 +13,37 @@ The replay runs through the agent with its rule runner (alerts stored), then is 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import DATA
 from rules_support import at_end, firing, replay, stored_alerts
 
+from vgpumon.config.thresholds import Thresholds
 from vgpumon.diagnose.report import build_report
 from vgpumon.rules.catalogue import BY_NAME
 from vgpumon.store import Store
 from vgpumon.testing import incident, scenarios
 
 TICK_S = 300.0  # the recorded 1 s ticks, spread to 5 min
+WINDOW_S = Thresholds().xid_burst_seconds
+
+
+def _window_start(ts: float) -> float:
+    return math.floor(ts / WINDOW_S) * WINDOW_S
 
 
 def _incident(extra: dict[int, list[tuple[int, int, float]]]):
-    """The incident, retimed, with ``extra[tick]`` = [(gpu, xid, seconds after the tick)] as that
-    tick's XID events (replacing the tick's own)."""
+    """The incident, retimed, with ``extra[tick]`` = [(gpu, xid, seconds)] as that tick's XID
+    events (replacing the tick's own), each at that many seconds into the XID window (3 min,
+    aligned in Unix time) the tick's time falls in: events meant to share a window do."""
     header, ticks = incident.build(DATA)
     header, ticks = scenarios.retime(header, ticks, TICK_S)
     ticks = list(ticks)
     ts = {t["tick"]: t["ts"] for t in ticks}
     for at, events in extra.items():
         header, ticks = scenarios.set_call(
-            header, ticks, "sys", "xid_poll", {"v": [{"index": g, "xid": x, "ts": ts[at] + d} for g, x, d in events]}, at=[at])
+            header, ticks, "sys", "xid_poll", {"v": [{"index": g, "xid": x, "ts": _window_start(ts[at]) + d} for g, x, d in events]}, at=[at])
     return header, list(ticks)
 
 
@@ -61,11 +70,11 @@ def _gpu(findings, gpu: str):
 
 
 def test_the_same_xid_alone_on_one_gpu_twice_in_a_day_points_at_the_hardware(tmp_path):
-    by_rule, alerts = _run(tmp_path, {74: [(incident.APP_XID_GPU, 13, 0.0)]})
+    by_rule, alerts = _run(tmp_path, {74: [(incident.APP_XID_GPU, 13, 1.0)]})
     f = _gpu(by_rule["GpuXidRepeated"], "2")
     assert f.state == "firing" and f.value == 2.0
     text = BY_NAME["GpuXidRepeated"].describe(f)
-    assert text.startswith("XID 13 (graphics engine exception") and "in 2 windows of 5 min, alone on the host each time (2 events" in text
+    assert text.startswith("XID 13 (graphics engine exception") and "in 2 windows of 3 min, alone on the host each time (2 events" in text
     assert [a.labels["gpu"] for a in firing(alerts, "GpuXidRepeated")] == ["2"]  # the agent agrees
     assert _diagnosed(tmp_path, "GpuXidRepeated") == [text]
     assert {g.labels["gpu"]: g.state for g in by_rule["GpuXidRepeated"] if g.labels["gpu"] != "2"} == {
@@ -74,10 +83,10 @@ def test_the_same_xid_alone_on_one_gpu_twice_in_a_day_points_at_the_hardware(tmp
 
 
 def test_the_same_xid_on_four_gpus_at_once_points_at_the_workload_not_the_board(tmp_path):
-    by_rule, alerts = _run(tmp_path, {74: [(g, 13, 1.0 * g) for g in range(4)]})
+    by_rule, alerts = _run(tmp_path, {74: [(g, 13, 1.0 + g) for g in range(4)]})
     (spread,) = by_rule["HostXidSpread"]
     assert spread.state == "firing" and spread.value == 4.0 and spread.labels == {"hostname": "h"}
-    assert "on GPUs 0, 1, 2, 3 within the 5 min ending" in BY_NAME["HostXidSpread"].describe(spread)
+    assert "on GPUs 0, 1, 2, 3 within the 3 min ending" in BY_NAME["HostXidSpread"].describe(spread)
     assert "(4 events)" in BY_NAME["HostXidSpread"].describe(spread)
     assert len(firing(alerts, "HostXidSpread")) == 1
     assert _diagnosed(tmp_path, "HostXidSpread") == [BY_NAME["HostXidSpread"].describe(spread)]
@@ -88,7 +97,7 @@ def test_the_same_xid_on_four_gpus_at_once_points_at_the_workload_not_the_board(
 
 @pytest.mark.parametrize("burst", [3])
 def test_a_burst_of_one_xid_counts_once(tmp_path, burst):
-    by_rule, alerts = _run(tmp_path, {20: [(incident.APP_XID_GPU, 13, float(i)) for i in range(burst)]})
+    by_rule, alerts = _run(tmp_path, {20: [(incident.APP_XID_GPU, 13, 1.0 + i) for i in range(burst)]})
     f = _gpu(by_rule["GpuXidRepeated"], "2")
     assert f.state == "ok" and f.value == 1.0  # three events, one window
     assert firing(alerts, "GpuXidRepeated") == [] and firing(alerts, "HostXidSpread") == []

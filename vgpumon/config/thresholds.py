@@ -200,7 +200,7 @@ class Thresholds:
     """
 
     xid_window_seconds: float = 600.0
-    xid_burst_seconds: float = 300.0
+    xid_burst_seconds: float = 180.0
     xid_repeat_lookback_seconds: float = 86400.0
     xid_repeat_windows: int = 2
     xid_spread_gpus: int = 2

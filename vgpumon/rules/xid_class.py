@@ -1,7 +1,7 @@
 """XID classes over time: what the pattern of a code's events points at.
 
 * **The hardware** (``GpuXidRepeated``): the same XID on one GPU in ``xid_repeat_windows`` (2)
-  windows of ``xid_burst_seconds`` (5 min) or more within ``xid_repeat_lookback_seconds`` (24 h),
+  windows of ``xid_burst_seconds`` (3 min, NVIDIA NVSentinel's burst window) or more within ``xid_repeat_lookback_seconds`` (24 h),
   each time *alone* on the host. The GPU, not what runs on it, is the common factor: drain it and
   run the vendor's diagnostics.
 * **The workload or the driver** (``HostXidSpread``): the same XID on ``xid_spread_gpus`` (2) GPUs
@@ -133,7 +133,7 @@ RULES: tuple[Rule, ...] = (
         _repeated,
         _repeated_twin,
         Runbook(
-            "One GPU raised the same XID in two or more 5-minute windows within 24 h while no other GPU of the host raised "
+            "One GPU raised the same XID in two or more 3-minute windows within 24 h while no other GPU of the host raised "
             "it in those windows (a burst of the same code counts once per window). The board is the common factor, "
             "not the job (which moves between GPUs) nor the driver (which every GPU shares): NVIDIA's guidance for a code "
             "that repeats on one GPU is to take it out of service and run its diagnostics.",
@@ -153,7 +153,7 @@ RULES: tuple[Rule, ...] = (
         _spread,
         _spread_twin,
         Runbook(
-            "Two or more GPUs of the host raised the same XID within one 5-minute window. A fault of one board does not "
+            "Two or more GPUs of the host raised the same XID within one 3-minute window. A fault of one board does not "
             "spread to its siblings; a multi-GPU job with a bad kernel, a collective gone wrong, or a driver problem does. "
             "These windows do not count towards `GpuXidRepeated`.",
             "`vgpumon diagnose <host>` lists the events by GPU and time; `journalctl -k | grep -i xid` names the processes "
