@@ -127,6 +127,13 @@ class Thresholds:
         xid_repeat_windows: … for this many windows with the same code on one GPU alone.
         xid_spread_gpus: the same code on this many GPUs of the host in one window is
             ``HostXidSpread`` (and such windows do not count as repeats).
+        straggler_window_seconds: ``GpuStraggler`` compares the GPUs' means over this window …
+        straggler_busy_utilization_ratio: … among the GPUs of one model busy at least this much
+            (mean utilization) over all of it …
+        straggler_min_gpus: … when at least this many are;
+        straggler_clock_tolerance_ratio, straggler_power_tolerance_ratio,
+        straggler_activity_tolerance_ratio: a GPU whose mean SM clock, power or SM activity
+            departs from the median of them by more than this (above or below) is a straggler.
         lost_for_seconds: a GPU unreadable this long now is ``GpuLost``.
         unreadable_window_seconds: ``GpuUnreadable`` looks back this far for unreadable ticks.
         missing_after_seconds: a GPU registered for the host without a sample for this long,
@@ -204,6 +211,12 @@ class Thresholds:
     xid_repeat_lookback_seconds: float = 86400.0
     xid_repeat_windows: int = 2
     xid_spread_gpus: int = 2
+    straggler_window_seconds: float = 300.0
+    straggler_busy_utilization_ratio: float = 0.9
+    straggler_min_gpus: int = 3
+    straggler_clock_tolerance_ratio: float = 0.10
+    straggler_power_tolerance_ratio: float = 0.15
+    straggler_activity_tolerance_ratio: float = 0.15
     lost_for_seconds: float = 60.0
     unreadable_window_seconds: float = 900.0
     missing_after_seconds: float = 120.0
