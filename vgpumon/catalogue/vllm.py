@@ -118,6 +118,19 @@ SAMPLES: tuple[Field, ...] = (
         lo=0, hi=_RATE_MAX, prometheus="vgpumon_vllm_generation_tokens_per_second", label="generated tokens/s",
     ),
     _poll(
+        "energy_per_token_joules", "gauge", "joules",
+        "Energy the server's GPUs used per generated token, over the newest interval between two energy reads "
+        "(a GPU shared with other processes is split by the memory they hold).",
+        "Δ nvmlDeviceGetTotalEnergyConsumption of the server's GPUs (the minute set) / Δ vllm:generation_tokens_total "
+        "over the same interval (docs/vllm.md, \"Energy per token\")", Encoding("fixed", 1_000_000), lo=0, hi=1e6,
+        prometheus="vgpumon_vllm_energy_per_generated_token_joules", label="energy per token",
+    ),
+    _poll(
+        "energy_per_token_note", "state", "text",
+        "Why there is no energy-per-token figure (no tokens generated, a counter reset), or how shared GPUs were split.",
+        "the energy meter (docs/vllm.md)", text(255), label="energy per token note",
+    ),
+    _poll(
         "preemptions_per_second", "gauge", "per_second", "Preemptions per second over the interval.",
         "increase of vllm:num_preemptions_total", PER_SECOND, lo=0, hi=_RATE_MAX,
         prometheus="vgpumon_vllm_preemptions_per_second", label="preemptions/s",

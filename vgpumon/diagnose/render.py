@@ -346,6 +346,9 @@ def _servers(report: Report, out: Console) -> None:
         )
     out.print(t)
     for s in report["vllm"]:
+        if (line := _energy(s)) is not None:
+            out.print(Text(line))
+    for s in report["vllm"]:
         for dump in s.get("stacks") or []:
             out.print(Text(f"py-spy dump of {s['server']} pid {dump['pid']} ({dump.get('role', 'server')}):", style="bold"))
             if error := dump.get("error"):
@@ -356,6 +359,16 @@ def _servers(report: Report, out: Console) -> None:
             out.print(Text(f"stacks of {s['server']}: {server_note}", style="yellow"))
     if note := report.get("stacks_note"):
         out.print(Text(f"stacks: {note}", style="yellow"))
+
+
+def _energy(s: VllmServer) -> str | None:
+    """``<server>: energy per generated token 0.631 J`` (with its note), or ``None`` when the
+    server has neither a figure nor a reason for none (no GPU, no energy read yet)."""
+    joules, note = s.get("energy_per_token_joules"), s.get("energy_per_token_note")
+    if joules is None and not note:
+        return None
+    figure = "N/A" if joules is None else f"{joules:.4g} J"
+    return f"{s['server']}: energy per generated token {figure}" + (f" ({note})" if note else "")
 
 
 def _prewarm(s: VllmServer) -> str:

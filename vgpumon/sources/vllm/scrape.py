@@ -25,6 +25,7 @@ from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
 from vgpumon.sources.vllm.discovery import ProcessTable, VllmProcess
+from vgpumon.sources.vllm.energy import EnergyMeter, EnergyPerToken, GpuEnergyLog, memory_shares
 from vgpumon.sources.vllm.hang import HangWatch, client_connections, engine_states, engine_working
 from vgpumon.sources.vllm.metrics import (
     MetricsParseError,
@@ -98,6 +99,7 @@ class TrackedServer:
     partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
     rejecting: bool = False  # the last poll had values refused at the door (logged when it starts)
     hang: HangWatch | None = None  # engine states and the generation probe (made at the first poll)
+    energy: EnergyMeter = field(default_factory=EnergyMeter)  # energy per generated token
 
 
 class ServerScraper:
@@ -110,6 +112,7 @@ class ServerScraper:
     hang_after: int
     probe_timeout: float
     activity: GpuActivityLog
+    energy_log: GpuEnergyLog
     door: Door
     rejected: Counter[str]
     _session: aiohttp.ClientSession | None
@@ -287,6 +290,12 @@ class ServerScraper:
         # GPUs: any NVML compute process that belongs to the server's process tree
         tree = set(srv.pids)
         gpus = tuple(sorted(u for u, pids in self._gpu_pids.items() if pids & tree))
+        generated = reading.counter_total("generation_tokens") if reading is not None else None
+        srv.energy.note_tokens(now, generated)
+        if gpus:
+            log_ = self.energy_log
+            shares, shared = memory_shares(gpus, log_.processes, tree)
+            srv.energy.step({u: log_.reads[u] for u in gpus if u in log_.reads}, shares, shared)
         if not was_ready:
             srv.gpus_seen.update(gpus)
         if not was_ready and lc.ready_ts is not None:
@@ -339,7 +348,8 @@ class ServerScraper:
             gpu_uuids=gpus,
             engines=self._engines(reading, rejected) if reading is not None else (),
             scrape_seconds=scrape_seconds,
-            generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
+            generation_tokens_total=generated,
+            **_energy_fields(srv.energy.last, now),
             engine_labels=reading.engines if reading is not None else (),
             label_models=reading.model_names if reading is not None else (),
             reading=reading,
@@ -416,6 +426,17 @@ class ServerScraper:
             ended=ended,
             **values,
         )
+
+
+#: a figure older than this (three minute reads missed: a GPU lost, NVML wedged) is no longer served
+_ENERGY_STALE_S = 180.0
+
+
+def _energy_fields(e: EnergyPerToken | None, now: float) -> dict[str, Any]:
+    """The sample's energy-per-token fields: the newest interval's, until it is stale."""
+    if e is None or now - e.end > _ENERGY_STALE_S:
+        return {"energy_per_token_joules": None, "energy_per_token_note": None}
+    return {"energy_per_token_joules": e.joules_per_token, "energy_per_token_note": e.note or None}
 
 
 def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:

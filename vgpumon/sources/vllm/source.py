@@ -34,6 +34,7 @@ from vgpumon.catalogue import Door
 from vgpumon.model import InstanceIdentity, ServerSample, Snapshot
 from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
+from vgpumon.sources.vllm.energy import GpuEnergyLog
 from vgpumon.sources.vllm.scrape import ServerScraper, TrackedServer
 from vgpumon.sources.vllm.state import Lifecycle
 
@@ -97,6 +98,7 @@ class VllmSource(ServerScraper):
         self.hang_after = hang_after
         self.probe_timeout = probe_timeout
         self.activity = activity or GpuActivityLog()
+        self.energy_log = GpuEnergyLog()
         self._session = session
         self._own_session = session is None
         self._servers: dict[tuple[str, int], TrackedServer] = {}
@@ -115,6 +117,7 @@ class VllmSource(ServerScraper):
         appended whole, and read from copies."""
         self._gpu_pids = {s.uuid: {pid for pid, _ in s.processes} for s in snap.samples}
         self.activity.observe(snap)
+        self.energy_log.observe(snap)
 
     # -- polling -------------------------------------------------------------------------------
 
