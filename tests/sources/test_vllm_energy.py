@@ -118,19 +118,26 @@ def test_a_gpu_shared_with_another_process_is_split_by_memory_held_and_says_so()
     assert by_count == {GPU: 0.5} and how.endswith("by process count (NVML reports no per-process memory)")
 
 
-def _source_run() -> list:
-    """The vLLM source polling the fake server through the recording, fed the recorded energy reads."""
+def _source_run(second: bool = False) -> list:
+    """The vLLM source polling the fake server through the recording, fed the recorded energy
+    reads of the GPU its engine (pid 4243, 30.15 GB as recorded) holds; with ``second``, a second
+    server (pid 5001, 10 GB) shares that GPU, serving the recorded idle capture (no token)."""
     rows = {r["t"]: r for r in map(json.loads, (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__lifecycle.jsonl").read_text().splitlines())}
+    idle = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__idle.txt").read_text()
     energy = _energy("h200-workload.jsonl.gz")[3:5]  # ticks 30 and 40
     offset = energy[0][0] - 56.26
+    procs = ((4243, 30_150_000_000), (5001, 10_000_000_000)) if second else ((4243, 30_150_000_000),)
 
     async def go():
         clock = FakeClock(start=offset + 56.26)
-        port = free_port()
-        server = FakeVllmServer(port=port, version="0.32.0", models=["tiny"])
-        proc = VllmProcess(pid=4242, create_time=clock.now - 60, host="127.0.0.1", port=port, pids=(4242, 4243))
-        src = source(clock, processes=FakeProcessTable([proc]))
-        await server.start(port)
+        servers, table = [], []
+        for pid in ((4242, 5000) if second else (4242,)):
+            port = free_port()
+            servers.append(FakeVllmServer(port=port, version="0.32.0", models=["tiny"], metrics=idle))
+            table.append(VllmProcess(pid=pid, create_time=clock.now - 60, host="127.0.0.1", port=port, pids=(pid, pid + 1)))
+        src = source(clock, processes=FakeProcessTable(table))
+        for srv in servers:
+            await srv.start(srv.port)
         out = []
         try:
             reads = list(energy)
@@ -141,13 +148,13 @@ def _source_run() -> list:
                 while reads and reads[0][0] <= clock.now:
                     ts, joules = reads.pop(0)
                     src.observe(Snapshot(ts=ts, hostname="h", gpus=(), samples=(
-                        GpuSample(ts=ts, uuid=GPU, index=0, energy_joules_total=joules, processes=((4243, 30_150_000_000),)),)))
-                server.metrics = lifecycle_body(row)
-                (smp,) = await src.poll()
-                out.append(smp)
+                        GpuSample(ts=ts, uuid=GPU, index=0, energy_joules_total=joules, processes=procs),)))
+                servers[0].metrics = lifecycle_body(row)
+                out += sorted(await src.poll(), key=lambda smp: smp.instance.pid or 0)
         finally:
             await src.close()
-            await server.stop()
+            for srv in servers:
+                await srv.stop()
         return out
 
     return asyncio.run(go())
@@ -165,6 +172,7 @@ def test_the_source_puts_the_figure_on_the_servers_sample():
     # held until the next read (none comes: the recording ends 15 s later)
     (held,) = {s.energy_per_token_joules for s in samples[first:]}
     assert held == pytest.approx(6827.122 / 10813, rel=0.05)
+    assert samples[-1].energy_interval_joules == pytest.approx(6827.122)
     assert samples[-1].gpu_uuids == (GPU,) and samples[-1].energy_per_token_note is None
 
 
@@ -184,3 +192,27 @@ def test_diagnose_says_the_servers_energy_per_token(tmp_path):
     (server,) = report["vllm"]
     assert server["energy_per_token_joules"] == pytest.approx(6827.122 / 10813, rel=0.05)
     assert f"{server['server']}: energy per generated token 0.6314 J" in render_diagnose(report, width=200)
+
+
+def test_two_servers_on_one_gpu_split_its_energy_by_memory_and_the_host_figure_counts_both(tmp_path):
+    """The serving server (30.15 GB) and an idle one (10 GB) on the GPU of the recorded reads:
+    75 % and 25 % of the 6827.1 J; the idle one has no figure; the host's is all the energy over
+    all the tokens, 6827.1 J / 10 813 = 0.6314 J."""
+    samples = _source_run(second=True)
+    busy, idle = samples[-2], samples[-1]
+    assert (busy.instance.pid, idle.instance.pid) == (4242, 5000)
+    assert busy.energy_interval_joules == pytest.approx(6827.122 * 30.15 / 40.15)
+    assert busy.energy_per_token_joules == pytest.approx(6827.122 * 30.15 / 40.15 / 10813, rel=0.05)
+    assert busy.energy_per_token_note == f"{GPU} shared with 1 other process(es): 75 % charged, by memory held"
+    assert idle.energy_per_token_joules is None and idle.energy_interval_joules == pytest.approx(6827.122 * 10 / 40.15)
+    assert idle.energy_per_token_note == "no tokens generated"
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, *scenarios.load(str(H200_CAPTURE)))
+    store = open_store(url)
+    try:
+        VllmRepository(store.engine).write("h", samples)
+        text = render_diagnose(build_report(store, "h", now=samples[-1].ts), width=200)
+    finally:
+        store.close()
+    assert f"{idle.instance.host}:{idle.instance.port}: energy per generated token N/A (no tokens generated)" in text
+    assert "host: energy per generated token 0.6314 J over 2 servers' newest intervals" in text

@@ -9,6 +9,7 @@ from vgpumon.catalogue.core import (
     INT16,
     INT32,
     INT64,
+    JOULES,
     MILLI,
     PER_SECOND,
     RATIO,
@@ -124,6 +125,13 @@ SAMPLES: tuple[Field, ...] = (
         "Δ nvmlDeviceGetTotalEnergyConsumption of the server's GPUs (the minute set) / Δ vllm:generation_tokens_total "
         "over the same interval (docs/vllm.md, \"Energy per token\")", Encoding("fixed", 1_000_000), lo=0, hi=1e6,
         prometheus="vgpumon_vllm_energy_per_generated_token_joules", label="energy per token",
+    ),
+    _poll(
+        "energy_interval_joules", "gauge", "joules",
+        "Energy charged to the server over the newest interval between two energy reads of its GPUs (a GPU shared "
+        "with other processes split by the memory they hold), tokens generated or not.",
+        "Δ nvmlDeviceGetTotalEnergyConsumption of the server's GPUs (the minute set; docs/vllm.md, \"Energy per token\")",
+        JOULES, lo=0, hi=1e9, prometheus="vgpumon_vllm_energy_interval_joules", label="energy over the interval",
     ),
     _poll(
         "energy_per_token_note", "state", "text",

@@ -95,8 +95,9 @@ class ServerSample:
         scrape_seconds (wall time of this server's requests), generation_tokens_total (the
         cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
         scrape), reading (the parsed scrape itself, not stored),
-        energy_per_token_joules (the newest interval between two energy reads of its GPUs, held until
-        the next) and energy_per_token_note (why there is none, or how shared GPUs were split).
+        energy_per_token_joules and energy_interval_joules (the newest interval between two energy
+        reads of its GPUs, held until the next) and energy_per_token_note (why there is no figure, or
+        how shared GPUs were split).
 
     Trust:
         telemetry ``"partial"``: ``/metrics`` parsed, but ``metric_lines_dropped`` lines of it
@@ -130,6 +131,7 @@ class ServerSample:
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     energy_per_token_joules: float | None = None
+    energy_interval_joules: float | None = None
     energy_per_token_note: str | None = None
     preemptions_per_second: float | None = None
     requests_finished_per_second: float | None = None

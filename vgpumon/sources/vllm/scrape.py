@@ -435,8 +435,9 @@ _ENERGY_STALE_S = 180.0
 def _energy_fields(e: EnergyPerToken | None, now: float) -> dict[str, Any]:
     """The sample's energy-per-token fields: the newest interval's, until it is stale."""
     if e is None or now - e.end > _ENERGY_STALE_S:
-        return {"energy_per_token_joules": None, "energy_per_token_note": None}
-    return {"energy_per_token_joules": e.joules_per_token, "energy_per_token_note": e.note or None}
+        return {"energy_per_token_joules": None, "energy_interval_joules": None, "energy_per_token_note": None}
+    return {"energy_per_token_joules": e.joules_per_token, "energy_interval_joules": e.joules,
+            "energy_per_token_note": e.note or None}
 
 
 def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:
