@@ -198,6 +198,26 @@ def test_an_answered_probe_keeps_the_idle_server_idle():
     _probe_run(30.0, t)
 
 
+def test_a_refused_probe_concludes_nothing_and_is_not_sent_again():
+    """A server that wants an API key answers the probe 401: still idle, and no second probe
+    while the client keeps waiting (40 s more, past the 30 s between probes)."""
+
+    async def t(rig: ProbeRig) -> None:
+        rig.server.completions_status = 401
+        client = _client(rig.port)
+        try:
+            await _polls(rig.src, rig.clock, 4, 2.0)
+            await rig.probe_done()
+            after = await _polls(rig.src, rig.clock, 20, 2.0)
+        finally:
+            client.kill()
+            client.wait()
+        assert {s.state for s in after} == {S.IDLE}
+        assert len(rig.server.completions) == 1 and rig.watch.probe_off == "/v1/completions answered 401"
+
+    _probe_run(30.0, t)
+
+
 def test_an_idle_server_nobody_waits_on_is_never_probed():
     async def t(rig: ProbeRig) -> None:
         states = [s.state for s in await _polls(rig.src, rig.clock, 30, 2.0)]

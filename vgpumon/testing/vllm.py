@@ -62,6 +62,7 @@ class FakeVllmServer:
         requests: paths requested, in order.
         completions: the ``X-Request-Id`` of each ``POST /v1/completions`` (the generation
             probe), in order; each is answered with one token unless the path is in ``hang``.
+        completions_status: HTTP status of ``POST /v1/completions`` (401: an API key is required).
     """
 
     metrics: str | bytes = ""
@@ -77,6 +78,7 @@ class FakeVllmServer:
     hang: set[str] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)
     completions: list[str] = field(default_factory=list)
+    completions_status: int = 200
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -123,6 +125,8 @@ class FakeVllmServer:
         if "/v1/completions" in self.hang:
             await self._release.wait()
             return web.Response(status=503)
+        if self.completions_status != 200:
+            return web.json_response({"error": "refused"}, status=self.completions_status)
         doc = await request.json()
         return web.json_response({"object": "text_completion", "model": doc.get("model"),
                                   "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}]})
