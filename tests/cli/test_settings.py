@@ -171,3 +171,16 @@ def test_every_setting_is_documented():
         if row:
             documented.add(f"{section}.{row.group(1)}" if section else row.group(1))
     assert set(field_descriptions()) == documented
+
+
+def test_the_generation_probe_deadline_defaults_to_10s_and_0_turns_it_off(clean_env, tmp_path):
+    assert load_settings().vllm.probe_timeout == 10.0
+    cfg = tmp_path / "c.toml"
+    for off in ('"0s"', "0", '"off"'):
+        cfg.write_text(f"[vllm]\nprobe_timeout = {off}\n")
+        assert load_settings(cfg).vllm.probe_timeout == 0.0, off
+    cfg.write_text('[vllm]\nprobe_timeout = "2.5s"\n')
+    assert load_settings(cfg).vllm.probe_timeout == 2.5
+    cfg.write_text('[vllm]\nprobe_timeout = "20m"\n')
+    with pytest.raises(ConfigFileError, match=r"c\.toml: \[vllm\] probe_timeout: .*at most"):
+        load_settings(cfg)

@@ -7,10 +7,16 @@ set to an injected value."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import subprocess
+import sys
 from typing import Callable
 
+import psutil
 import pytest
+from conftest import wait_for
 from vllm_support import shared_dir, source
 
 from vgpumon.model import InstanceIdentity, ServerSample, ServerState
@@ -53,15 +59,18 @@ def two_engines(body: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(script: Callable[[int, FakeVllmServer], object], polls: int, interval: float = 10.0, started: bool = True):
+def run(script: Callable[[int, FakeVllmServer], object], polls: int, interval: float = 10.0, started: bool = True,
+        engines: tuple[int, ...] = ()):
     """Poll one discovered server ``polls`` times, ``interval`` seconds apart on a fake clock;
-    ``script(i, server)`` sets what the server answers before poll ``i`` (it may be a coroutine)."""
+    ``script(i, server)`` sets what the server answers before poll ``i`` (it may be a coroutine);
+    ``engines``: the pids of its engine processes (real processes, whose state psutil reads)."""
 
     async def go() -> list[ServerSample]:
         clock = FakeClock()
         port = free_port()
         server = FakeVllmServer(port=port, version="0.32.0", models=["tiny"])
-        table = FakeProcessTable([VllmProcess(pid=4242, create_time=clock.now - 30, host="127.0.0.1", port=port, pids=(4242,))])
+        table = FakeProcessTable([VllmProcess(pid=4242, create_time=clock.now - 30, host="127.0.0.1", port=port,
+                                              pids=(4242, *engines), engine_pids=engines)])
         src = source(clock, processes=table, interval=interval)
         out: list[ServerSample] = []
         try:
@@ -136,6 +145,29 @@ def test_work_queued_with_flat_counters_for_a_minute_is_hung(tmp_path):
 
 def test_serving_server_is_not_hung(tmp_path):
     assert evaluate(tmp_path, run(serving(capture("busy")), 12), "VllmServerHung").state == "ok"
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_an_engine_stopped_under_idle_gauges_is_hung(tmp_path, stopped):
+    """The recorded idle capture (0 running, 0 waiting) served unchanged, its engine a real child
+    process: SIGSTOPped, the rule fires and says why; running, the idle server is not hung."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        if stopped:
+            os.kill(child.pid, signal.SIGSTOP)
+            wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED, what="the child stopped")
+        f = evaluate(tmp_path, run(lambda i, server: setattr(server, "metrics", capture("idle")), 12, engines=(child.pid,)),
+                     "VllmServerHung")
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait()
+    if not stopped:
+        assert f.state == "ok"
+        return
+    assert f.state == "firing" and (f.evidence["running"], f.evidence["waiting"]) == ("0", "0")
+    assert BY_NAME["VllmServerHung"].describe(f).endswith(
+        f"has been hung for 60 s: engine process {child.pid} stopped (T) for 11 polls (0 running, 0 waiting).")
 
 
 def test_an_engine_that_stops_reporting_is_lost(tmp_path):

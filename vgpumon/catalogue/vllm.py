@@ -9,6 +9,7 @@ from vgpumon.catalogue.core import (
     INT16,
     INT32,
     INT64,
+    JOULES,
     MILLI,
     PER_SECOND,
     RATIO,
@@ -122,6 +123,26 @@ SAMPLES: tuple[Field, ...] = (
         "generation_tokens_per_second", "gauge", "per_second", "Tokens generated per second over the interval.",
         "increase of vllm:generation_tokens_total; vllm:avg_generation_throughput_toks_per_s before 0.7", PER_SECOND,
         lo=0, hi=_RATE_MAX, prometheus="vgpumon_vllm_generation_tokens_per_second", label="generated tokens/s",
+    ),
+    _poll(
+        "energy_per_token_joules", "gauge", "joules",
+        "Energy the server's GPUs used per generated token, over the newest interval between two energy reads "
+        "(a GPU shared with other processes is split by the memory they hold).",
+        "Δ nvmlDeviceGetTotalEnergyConsumption of the server's GPUs (the minute set) / Δ vllm:generation_tokens_total "
+        "over the same interval (docs/vllm.md, \"Energy per token\")", Encoding("fixed", 1_000_000), lo=0, hi=1e6,
+        prometheus="vgpumon_vllm_energy_per_generated_token_joules", label="energy per token",
+    ),
+    _poll(
+        "energy_interval_joules", "gauge", "joules",
+        "Energy charged to the server over the newest interval between two energy reads of its GPUs (a GPU shared "
+        "with other processes split by the memory they hold), tokens generated or not.",
+        "Δ nvmlDeviceGetTotalEnergyConsumption of the server's GPUs (the minute set; docs/vllm.md, \"Energy per token\")",
+        JOULES, lo=0, hi=1e9, prometheus="vgpumon_vllm_energy_interval_joules", label="energy over the interval",
+    ),
+    _poll(
+        "energy_per_token_note", "state", "text",
+        "Why there is no energy-per-token figure (no tokens generated, a counter reset), or how shared GPUs were split.",
+        "the energy meter (docs/vllm.md)", text(255), label="energy per token note",
     ),
     _poll(
         "preemptions_per_second", "gauge", "per_second", "Preemptions per second over the interval.",

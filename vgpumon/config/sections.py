@@ -30,6 +30,18 @@ def _duration(minimum: float = 0.0, maximum: float = MAX_DURATION_S) -> Any:
     return BeforeValidator(lambda v: parse_duration(v, minimum=minimum, maximum=maximum))
 
 
+def _off_or_duration(minimum: float, maximum: float) -> Any:
+    """A duration, or 0 (``0``, ``"0s"``, ``"off"``) for "not at all"."""
+
+    def parse(v: Any) -> float:
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0) or (
+                isinstance(v, str) and v.strip().lower() in ("0", "0s", "off")):
+            return 0.0
+        return parse_duration(v, minimum=minimum, maximum=maximum)
+
+    return parse
+
+
 Duration = Annotated[float, _duration()]
 
 
@@ -109,6 +121,10 @@ class VllmSettings(_Section):
         default_factory=list, description="also scrape these servers (e.g. published by a container)"
     )
     interval: Annotated[float, _duration(0.1, 3600)] = Field(default=2.0, description="time between scrapes")
+    probe_timeout: Annotated[float, BeforeValidator(_off_or_duration(0.1, 600))] = Field(
+        default=10.0,
+        description="deadline of the one-token generation probe of a server that reads idle while clients wait on it (0 or off: no probe)",
+    )
 
     @field_validator("urls")
     @classmethod

@@ -104,6 +104,8 @@ def _range_of(name: str) -> tuple[Callable[[float], bool], str]:
         return (lambda v: 1 <= v <= 1000), "outside 1 ≤ x ≤ 1000 (how many times slower)"
     if name.endswith("_celsius"):
         return (lambda v: -50 <= v <= 50), "outside −50 °C to 50 °C (a margin)"
+    if name.endswith("_gpus") or name.endswith("_windows"):  # 1 would make every XID "spread" or "repeated"
+        return (lambda v: 2 <= v <= 1024), "not a count from 2 to 1024"
     if name.endswith("_polls"):
         return (lambda v: 1 <= v <= 1000), "not a number of polls from 1 to 1000"
     if name.endswith("_bytes"):
@@ -119,6 +121,19 @@ class Thresholds:
     Attributes (by rule):
         xid_window_seconds: XIDs count as current for this long (10 min: nvidia_gpu_exporter's
             allowlist alert, FACTS §7).
+        xid_burst_seconds: XID windows are this long (aligned to multiples of it): a code's
+            events in one window count once (``GpuXidRepeated``, ``HostXidSpread``).
+        xid_repeat_lookback_seconds: ``GpuXidRepeated`` looks back this far …
+        xid_repeat_windows: … for this many windows with the same code on one GPU alone.
+        xid_spread_gpus: the same code on this many GPUs of the host in one window is
+            ``HostXidSpread`` (and such windows do not count as repeats).
+        straggler_window_seconds: ``GpuStraggler`` compares the GPUs' means over this window …
+        straggler_busy_utilization_ratio: … among the GPUs of one model busy at least this much
+            (mean utilization) over all of it …
+        straggler_min_gpus: … when at least this many are;
+        straggler_clock_tolerance_ratio, straggler_power_tolerance_ratio,
+        straggler_activity_tolerance_ratio: a GPU whose mean SM clock, power or SM activity
+            departs from the median of them by more than this (above or below) is a straggler.
         lost_for_seconds: a GPU unreadable this long now is ``GpuLost``.
         unreadable_window_seconds: ``GpuUnreadable`` looks back this far for unreadable ticks.
         missing_after_seconds: a GPU registered for the host without a sample for this long,
@@ -192,6 +207,16 @@ class Thresholds:
     """
 
     xid_window_seconds: float = 600.0
+    xid_burst_seconds: float = 180.0
+    xid_repeat_lookback_seconds: float = 86400.0
+    xid_repeat_windows: int = 2
+    xid_spread_gpus: int = 2
+    straggler_window_seconds: float = 300.0
+    straggler_busy_utilization_ratio: float = 0.9
+    straggler_min_gpus: int = 3
+    straggler_clock_tolerance_ratio: float = 0.10
+    straggler_power_tolerance_ratio: float = 0.15
+    straggler_activity_tolerance_ratio: float = 0.15
     lost_for_seconds: float = 60.0
     unreadable_window_seconds: float = 900.0
     missing_after_seconds: float = 120.0

@@ -60,6 +60,17 @@ def serving():
                    Q(f"vgpumon_vllm_prompt_tokens_per_second{SRV}", BY_SERVER + " prompt"),
                    Q(f"vgpumon_vllm_generation_tokens_per_second{SRV}", BY_SERVER + " generated"),
                    unit=unit("vgpumon_vllm_prompt_tokens_per_second")),
+                ts("Energy per generated token", "Joules the server's GPUs used per generated token, over the newest "
+                   "interval between two energy reads (each minute); a GPU shared with other processes is split by the "
+                   "memory they hold. No point for an interval without tokens.",
+                   Q(f"vgpumon_vllm_energy_per_generated_token_joules{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_energy_per_generated_token_joules"), w=8),
+                ts("Energy per generated token, host", "All the energy charged to the host's servers over their newest "
+                   "intervals (idle servers' included) over all their generated tokens.",
+                   Q('sum by (hostname) (vgpumon_vllm_energy_interval_joules{hostname=~"$host"})\n'
+                     '/ (sum by (hostname) (vgpumon_vllm_energy_interval_joules{hostname=~"$host"}\n'
+                     '  / (vgpumon_vllm_energy_per_generated_token_joules{hostname=~"$host"} > 0)) > 0)', "{{hostname}}"),
+                   unit=unit("vgpumon_vllm_energy_per_generated_token_joules"), w=8),
                 ts("Requests finished and preempted", "Per second over each poll interval.",
                    Q(f"vgpumon_vllm_requests_finished_per_second{SRV}", BY_SERVER + " finished"),
                    Q(f"vgpumon_vllm_preemptions_per_second{SRV}", BY_SERVER + " preempted"),

@@ -41,7 +41,8 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
         one), ``reason``, ``state_since`` (first poll of the current state run among the recent
         polls), ``ended``, ``prewarm_seconds``, ``prewarm_gpu_active_ratio``, ``running``,
         ``waiting`` (the queue), ``kv_cache_usage_ratio``, ``kv_fragmentation_ratio`` (newest
-        estimate) and its mean over the recent polls, ``telemetry``, ``gpus`` (indices of the
+        estimate) and its mean over the recent polls, ``energy_per_token_joules``,
+        ``energy_interval_joules`` and ``energy_per_token_note`` (newest poll), ``telemetry``, ``gpus`` (indices of the
         GPUs holding its processes, UUIDs of GPUs this host no longer has under ``gpu_uuids``),
         ``newest_poll``.
     """
@@ -85,6 +86,9 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
             "kv_fragmentation_ratio": last["kv_fragmentation_ratio"] if last else None,
             "kv_fragmentation_mean_ratio": sum(frag) / len(frag) if frag else None,
             "kv_block_size": last["kv_block_size"] if last else None,
+            "energy_per_token_joules": last["energy_per_token_joules"] if last else None,
+            "energy_interval_joules": last["energy_interval_joules"] if last else None,
+            "energy_per_token_note": last["energy_per_token_note"] if last else None,
             "telemetry": last["telemetry"] if last else None,
             "gpus": sorted(index_of[u] for u in uuids if u in index_of),
             "gpu_uuids": sorted(u for u in uuids if u not in index_of),

@@ -34,9 +34,12 @@ HEALTH_AREAS: dict[str, tuple[str, ...]] = {
     "pcie": ("GpuPcieLinkDegraded", "GpuPcieSlotSlower", "GpuPcieReplaysHigh"),
     "thermal": ("GpuThermalSlowdown",),
     "power": ("GpuPowerBrakeSlowdown",),
-    "xid": ("GpuXidCritical", "GpuXidWarning", "GpuXidOther"),
+    "xid": ("GpuXidCritical", "GpuXidWarning", "GpuXidOther", "GpuXidRepeated"),
 }
-NOT_HEALTH = ("GpuMemoryNearlyFull", "GpuMemoryHeldIdle", "GpuMemoryLeak", "GpuProcessMemoryLeak", "GpuPcieSaturated")
+# GpuStraggler compares a GPU with its siblings under production load: a finding about the
+# host's balance, not a verdict on the board's own health (docs/rules.md, "Stragglers")
+NOT_HEALTH = ("GpuMemoryNearlyFull", "GpuMemoryHeldIdle", "GpuMemoryLeak", "GpuProcessMemoryLeak", "GpuPcieSaturated",
+              "GpuStraggler")
 _AREA_OF = {rule: area for area, rules in HEALTH_AREAS.items() for rule in rules}
 
 

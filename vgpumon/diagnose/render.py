@@ -342,6 +342,11 @@ def _servers(report: Report, out: Console) -> None:
         )
     out.print(t)
     for s in report["vllm"]:
+        if (line := _energy(s)) is not None:
+            out.print(Text(line))
+    if (host := _host_energy(report["vllm"])) is not None:
+        out.print(Text(host))
+    for s in report["vllm"]:
         for dump in s.get("stacks") or []:
             out.print(Text(f"py-spy dump of {s['server']} pid {dump['pid']} ({dump.get('role', 'server')}):", style="bold"))
             if error := dump.get("error"):
@@ -352,6 +357,29 @@ def _servers(report: Report, out: Console) -> None:
             out.print(Text(f"stacks of {s['server']}: {server_note}", style="yellow"))
     if note := report.get("stacks_note"):
         out.print(Text(f"stacks: {note}", style="yellow"))
+
+
+def _energy(s: VllmServer) -> str | None:
+    """``<server>: energy per generated token 0.631 J`` (with its note), or ``None`` when the
+    server has neither a figure nor a reason for none (no GPU, no energy read yet)."""
+    joules, note = s.get("energy_per_token_joules"), s.get("energy_per_token_note")
+    if joules is None and not note:
+        return None
+    figure = "N/A" if joules is None else f"{joules:.4g} J"
+    return f"{s['server']}: energy per generated token {figure}" + (f" ({note})" if note else "")
+
+
+def _host_energy(servers: list[VllmServer]) -> str | None:
+    """The host's energy per generated token over its servers' newest intervals: all the energy
+    charged to them (idle ones included) over all their tokens; ``None`` with fewer than two
+    servers with energy (one server's line says it) or no token at all."""
+    with_energy = [s for s in servers if s.get("energy_interval_joules") is not None]
+    if len(with_energy) < 2:
+        return None
+    joules = sum(s.get("energy_interval_joules") or 0.0 for s in with_energy)
+    tokens = sum((s.get("energy_interval_joules") or 0.0) / jpt for s in with_energy if (jpt := s.get("energy_per_token_joules")))
+    figure = f"{joules / tokens:.4g} J" if tokens > 0 else "N/A (no tokens generated)"
+    return f"host: energy per generated token {figure} over {len(with_energy)} servers' newest intervals"
 
 
 def _prewarm(s: VllmServer) -> str:

@@ -299,6 +299,9 @@ class _VllmServer(TypedDict):
     kv_fragmentation_ratio: float | None
     kv_fragmentation_mean_ratio: float | None
     kv_block_size: int | None
+    energy_per_token_joules: float | None  # its GPUs' energy per generated token, newest interval
+    energy_interval_joules: float | None  # the energy charged to it over that interval
+    energy_per_token_note: str | None  # why there is none, or how shared GPUs were split
     telemetry: str | None
     gpus: list[int]
     gpu_uuids: list[str]  # GPUs this host no longer has

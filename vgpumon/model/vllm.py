@@ -94,7 +94,10 @@ class ServerSample:
         server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
         scrape_seconds (wall time of this server's requests), generation_tokens_total (the
         cumulative counter, summed over engines), engine_labels (every ``engine`` label of the
-        scrape), reading (the parsed scrape itself, not stored).
+        scrape), reading (the parsed scrape itself, not stored),
+        energy_per_token_joules and energy_interval_joules (the newest interval between two energy
+        reads of its GPUs, held until the next) and energy_per_token_note (why there is no figure, or
+        how shared GPUs were split).
 
     Trust:
         telemetry ``"partial"``: ``/metrics`` parsed, but ``metric_lines_dropped`` lines of it
@@ -127,6 +130,9 @@ class ServerSample:
     kv_cache_usage_mean_ratio: float | None = None
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
+    energy_per_token_joules: float | None = None
+    energy_interval_joules: float | None = None
+    energy_per_token_note: str | None = None
     preemptions_per_second: float | None = None
     requests_finished_per_second: float | None = None
     prefix_cache_hit_ratio: float | None = None

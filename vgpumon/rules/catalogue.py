@@ -3,7 +3,7 @@ for (``rules/*.rules.yml``), in the order reports list them."""
 
 from __future__ import annotations
 
-from vgpumon.rules import gpu, leak, pcie, source, vllm
+from vgpumon.rules import gpu, leak, pcie, source, straggler, vllm, xid_class
 from vgpumon.rules.core import Rule
 
 #: Prometheus rule groups: group name → the rules in it (one file per group).
@@ -13,6 +13,8 @@ GROUPS: dict[str, tuple[Rule, ...]] = {
     "vgpumon-pcie": pcie.RULES,
     "vgpumon-vllm": vllm.RULES,
     "vgpumon-sources": source.RULES,
+    "vgpumon-xid": xid_class.RULES,
+    "vgpumon-stragglers": straggler.RULES,
 }
 RULES: tuple[Rule, ...] = tuple(r for rules in GROUPS.values() for r in rules)
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

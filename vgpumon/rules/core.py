@@ -34,6 +34,7 @@ SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
     "pcie_port": ("hostname", "port"),
     "vllm": ("hostname", "server"),
     "source": ("hostname", "source"),
+    "host": ("hostname",),
 }
 
 

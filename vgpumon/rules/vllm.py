@@ -87,7 +87,7 @@ def _hung(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         on = covered and all(r["state"] is S.HUNG for r in rows)
         last = rows[-1]
         yield Finding(rule.name, _labels(view, inst), "firing" if on else "ok", None,
-                      {"server": inst["url"], "model": _model(inst), "window": duration(window),
+                      {"server": inst["url"], "model": _model(inst), "window": duration(window), "why": last.get("reason") or "no reason stored",
                        "running": f"{last['running']:.0f}" if last["running"] is not None else "N/A",
                        "waiting": f"{last['waiting']:.0f}" if last["waiting"] is not None else "N/A"})
 
@@ -276,7 +276,7 @@ def _dead_twin(th: Thresholds) -> list[Twin]:
 
 def _hung_twin(th: Thresholds) -> list[Twin]:
     return [Twin(f"max {BY} ({_state_sel(S.HUNG)}) == 1",
-                 "vLLM server {{ $labels.server }} on {{ $labels.hostname }} has work queued and its token counters flat.",
+                 "vLLM server {{ $labels.server }} on {{ $labels.hostname }} makes no progress (hung: see the agent's reason).",
                  for_seconds=th.vllm_hung_for_seconds)]
 
 
@@ -371,16 +371,22 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "VllmServerHung", "critical", "vllm",
-        "A vLLM server has work queued and makes no progress.",
-        "{server} ({model}) has been hung for {window}: {running} running, {waiting} waiting, token counters flat.",
+        "A vLLM server makes no progress: work or a probe waits, or its engine is stopped.",
+        "{server} ({model}) has been hung for {window}: {why} ({running} running, {waiting} waiting).",
         (f"{V}.state", f"{V}.running", f"{V}.waiting"),
         _hung,
         _hung_twin,
         Runbook(
-            "Requests run or wait but the prompt and generation token counters stay flat (or /health times out): the "
-            "engine no longer steps. A hung engine still answers /health 200 (FACTS §5).",
-            "`curl <server>/metrics | grep -e num_requests -e tokens_total` twice; the server's log; `GpuStuck` on its GPUs.",
-            "Restart the server; if it recurs, capture `py-spy dump` of the engine core before restarting.",
+            "The engine no longer steps: requests run or wait while the prompt and generation token counters stay flat "
+            "and the engine uses no CPU (or /health times out); or an engine process has been stopped (T) or in "
+            "uninterruptible sleep (D) for 3 polls; or the one-token generation probe, sent while the server read idle "
+            "with clients connected, got no answer by its deadline. A hung engine still answers /health 200 and its "
+            "gauges freeze with it, often at 0 running, 0 waiting (FACTS §5; docs/vllm.md, \"Hung, not slow\").",
+            "The alert's reason says which. `ps -o pid,stat,wchan:32,cmd --ppid <server pid>` (T: stopped, D: "
+            "uninterruptible); `curl <server>/metrics | grep -e num_requests -e tokens_total` twice; the server's "
+            "log (requests `vgpumon-probe-…` are the probe's); `GpuStuck` on its GPUs.",
+            "A stopped engine: find who stopped it (a debugger, a job controller, a cgroup freezer) and `kill -CONT` it. "
+            "Otherwise capture `py-spy dump` of the engine core, then restart the server (take it out of rotation first).",
         ),
         every_seconds=15.0,
     ),

@@ -62,6 +62,9 @@ class FakeVllmServer:
         raw: paths answered 200 with exactly these bytes (JSON of any shape, or none), before
             anything above.
         requests: paths requested, in order.
+        completions: the ``X-Request-Id`` of each ``POST /v1/completions`` (the generation
+            probe), in order; each is answered with one token unless the path is in ``hang``.
+        completions_status: HTTP status of ``POST /v1/completions`` (401: an API key is required).
     """
 
     metrics: str | bytes = ""
@@ -77,6 +80,8 @@ class FakeVllmServer:
     hang: set[str] = field(default_factory=set)
     raw: dict[str, bytes] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    completions_status: int = 200
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -95,6 +100,7 @@ class FakeVllmServer:
         """Listen on ``port`` (default: the previous port, else a free one)."""
         app = web.Application()
         app.router.add_get("/{path:.*}", self._handle)
+        app.router.add_post("/v1/completions", self._complete)
         self._release = asyncio.Event()
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
@@ -115,6 +121,18 @@ class FakeVllmServer:
         if value is None:
             return web.json_response({"detail": "Not Found"}, status=404)
         return web.json_response(value)
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append("/v1/completions")
+        self.completions.append(request.headers.get("X-Request-Id", ""))
+        if "/v1/completions" in self.hang:
+            await self._release.wait()
+            return web.Response(status=503)
+        if self.completions_status != 200:
+            return web.json_response({"error": "refused"}, status=self.completions_status)
+        doc = await request.json()
+        return web.json_response({"object": "text_completion", "model": doc.get("model"),
+                                  "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}]})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]

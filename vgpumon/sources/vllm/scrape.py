@@ -26,6 +26,8 @@ from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.derive import IntervalDeriver, gauge_fingerprint
 from vgpumon.sources.vllm.discovery import ProcessTable, VllmProcess
+from vgpumon.sources.vllm.energy import EnergyMeter, EnergyPerToken, GpuEnergyLog, memory_shares
+from vgpumon.sources.vllm.hang import HangWatch, client_connections, engine_states, engine_working
 from vgpumon.sources.vllm.metrics import (
     MetricsParseError,
     MetricsReading,
@@ -35,6 +37,7 @@ from vgpumon.sources.vllm.metrics import (
 )
 from vgpumon.sources.vllm.state import (
     CONNECTION,
+    ENGINE_WORKING_CPU,
     REFUSED,
     TIMEOUT,
     TOO_LARGE,
@@ -96,6 +99,8 @@ class TrackedServer:
     engines_seen: dict[int, None] = field(default_factory=dict)  # engine pids seen since /health 200
     partial: bool = False  # the last /metrics had unreadable lines (logged when it starts)
     rejecting: bool = False  # the last poll had values refused at the door (logged when it starts)
+    hang: HangWatch | None = None  # engine states and the generation probe (made at the first poll)
+    energy: EnergyMeter = field(default_factory=EnergyMeter)  # energy per generated token
 
 
 class ServerScraper:
@@ -106,7 +111,9 @@ class ServerScraper:
     request_timeout: float
     max_response_bytes: int
     hang_after: int
+    probe_timeout: float
     activity: GpuActivityLog
+    energy_log: GpuEnergyLog
     door: Door
     rejected: Counter[str]
     _session: aiohttp.ClientSession | None
@@ -156,6 +163,8 @@ class ServerScraper:
     def _ended(self, srv: TrackedServer, now: float) -> ServerSample:
         """The last sample of a discovered server whose process is gone (or was replaced)."""
         lc = srv.lifecycle
+        if srv.hang is not None:
+            srv.hang.cancel()
         lc.step(Observation(ts=now, process_alive=False, health_status=None))
         smp = self._sample(srv, now, ended=True)
         srv.last = smp
@@ -180,6 +189,9 @@ class ServerScraper:
                     requests[name] = self._get(base + path)
         if srv.identity.origin == "discovered" and srv.pids:
             requests["usage"] = self._offload(self.processes.usage, srv.pids)
+        engines = srv.process.engine_pids if srv.process is not None else ()
+        if engines and lc.ready_ts is not None:
+            requests["engine_states"] = self._offload(engine_states, engines)
         replies = dict(zip(requests, await asyncio.gather(*requests.values())))
         scrape_seconds = time.perf_counter() - t0
         for name in ("version", "models", "load", "is_sleeping", "stats"):
@@ -255,14 +267,25 @@ class ServerScraper:
             sleep_state = "asleep" if sleeping else "awake"
         alive: bool | None = None if srv.identity.origin == "static" else True
         was_ready = lc.ready_ts is not None
+        if srv.hang is None:
+            srv.hang = HangWatch(after=self.hang_after, probe_timeout=self.probe_timeout)
+        watch = srv.hang
+        if derived.get("tokens_advanced"):
+            watch.progressed()
+        usage = replies.get("usage")
         lc.step(
             Observation(
                 ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
                 metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
                 tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
                 engine_lost=self._engine_lost(srv, health.status == 200),
+                engine_stalled=watch.engine_stalled(replies.get("engine_states") or {}),
+                engine_working=None if usage is None or srv.prev_cpu_ts is None else engine_working(
+                    engines, usage.cpu_seconds, srv.prev_cpu, now - srv.prev_cpu_ts, ENGINE_WORKING_CPU),
+                probe_hung=watch.probe_hung,
             )
         )
+        await self._maybe_probe(srv, watch, now, reading)
         if reading is not None:
             fp = gauge_fingerprint(reading)
             lc.note_frozen(fp == srv.prev_fingerprint)
@@ -270,6 +293,12 @@ class ServerScraper:
         # GPUs: any NVML compute process that belongs to the server's process tree
         tree = set(srv.pids)
         gpus = tuple(sorted(u for u, pids in self._gpu_pids.items() if pids & tree))
+        generated = reading.counter_total("generation_tokens") if reading is not None else None
+        srv.energy.note_tokens(now, generated)
+        if gpus:
+            log_ = self.energy_log
+            shares, shared = memory_shares(gpus, log_.processes, tree)
+            srv.energy.step({u: log_.reads[u] for u in gpus if u in log_.reads}, shares, shared)
         if not was_ready:
             srv.gpus_seen.update(gpus)
         if not was_ready and lc.ready_ts is not None:
@@ -278,7 +307,6 @@ class ServerScraper:
                 log.info("vLLM server %s ready (its prewarm time is not known)", srv.identity.url)
             else:
                 log.info("vLLM server %s ready; prewarm %.1f s", srv.identity.url, lc.prewarm_seconds)
-        usage = replies.get("usage")
         rss = cpu_rate = None
         if usage is not None:
             rss = usage.rss_bytes
@@ -323,7 +351,8 @@ class ServerScraper:
             gpu_uuids=gpus,
             engines=self._engines(reading, rejected) if reading is not None else (),
             scrape_seconds=scrape_seconds,
-            generation_tokens_total=reading.counter_total("generation_tokens") if reading is not None else None,
+            generation_tokens_total=generated,
+            **_energy_fields(srv.energy.last, now),
             engine_labels=self._texts("engine", reading.engines, ENGINE_KEY_LENGTHS["engine"], rejected) if reading is not None else (),
             label_models=self._texts("model_name", reading.model_names, ENGINE_KEY_LENGTHS["model_name"], rejected)
             if reading is not None else (),
@@ -363,6 +392,21 @@ class ServerScraper:
     def _texts(self, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
         return door_texts(self.door, name, raws, length, refused)
 
+    async def _maybe_probe(self, srv: TrackedServer, watch: HangWatch, now: float, reading: MetricsReading | None) -> None:
+        """Start the generation probe when it is due: the server reads idle with its counters flat
+        for ``hang_after`` scrapes while clients hold connections open on its port (or an earlier
+        probe said hung: a new one tells when it recovers). Discovered servers only: a static
+        target's connections cannot be seen."""
+        lc = srv.lifecycle
+        suspect = lc.state is ServerState.IDLE and lc.flat_scrapes >= self.hang_after
+        models = srv.models or (reading.model_names if reading is not None else ())
+        if (self._session is None or not models or srv.identity.origin != "discovered"
+                or not watch.probe_due(now, suspect=suspect)):
+            return
+        if lc.state is not ServerState.HUNG and not await self._offload(client_connections, srv.pids, srv.identity.port):
+            return
+        watch.start_probe(self._session, srv.identity.url, str(models[0]), now)
+
     @staticmethod
     def _engine_lost(srv: TrackedServer, healthy: bool) -> str | None:
         """Why the server's engine counts as lost: an engine process seen in its tree since
@@ -398,6 +442,18 @@ class ServerScraper:
             ended=ended,
             **values,
         )
+
+
+#: a figure older than this (three minute reads missed: a GPU lost, NVML wedged) is no longer served
+_ENERGY_STALE_S = 180.0
+
+
+def _energy_fields(e: EnergyPerToken | None, now: float) -> dict[str, Any]:
+    """The sample's energy-per-token fields: the newest interval's, until it is stale."""
+    if e is None or now - e.end > _ENERGY_STALE_S:
+        return {"energy_per_token_joules": None, "energy_interval_joules": None, "energy_per_token_note": None}
+    return {"energy_per_token_joules": e.joules_per_token, "energy_interval_joules": e.joules,
+            "energy_per_token_note": e.note or None}
 
 
 def _telemetry(reading: MetricsReading | None, stats: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from vgpumon.catalogue import Door
 from vgpumon.model import InstanceIdentity, ServerSample, Snapshot
 from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
+from vgpumon.sources.vllm.energy import GpuEnergyLog
 from vgpumon.sources.vllm.scrape import ServerScraper, TrackedServer
 from vgpumon.sources.vllm.state import Lifecycle
 
@@ -63,7 +64,10 @@ class VllmSource(ServerScraper):
             server is found within this plus one scan (the prewarm rule needs its start).
         request_timeout: per-request timeout in seconds (connect + full body).
         max_response_bytes: larger bodies are errors (``"too large"``), read no further.
-        hang_after: scrapes with work queued and token counters flat before "hung".
+        hang_after: scrapes with work queued and token counters flat before "hung"; also the
+            polls an engine process must stay stopped (``T``) or in ``D``.
+        probe_timeout: deadline in seconds of the one-token generation probe sent to a server
+            that reads idle while clients wait on it (``hang.HangWatch``); 0 turns it off.
         session: an aiohttp session to use (created on first poll otherwise, closed by
             ``close``).
         activity: the GPU activity log the prewarm figure reads (fed by ``observe``).
@@ -80,6 +84,7 @@ class VllmSource(ServerScraper):
         request_timeout: float = 1.5,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         hang_after: int = 3,
+        probe_timeout: float = 10.0,
         session: aiohttp.ClientSession | None = None,
         activity: GpuActivityLog | None = None,
     ) -> None:
@@ -91,7 +96,9 @@ class VllmSource(ServerScraper):
         self.request_timeout = request_timeout
         self.max_response_bytes = max_response_bytes
         self.hang_after = hang_after
+        self.probe_timeout = probe_timeout
         self.activity = activity or GpuActivityLog()
+        self.energy_log = GpuEnergyLog()
         self._session = session
         self._own_session = session is None
         self._servers: dict[tuple[str, int], TrackedServer] = {}
@@ -110,6 +117,7 @@ class VllmSource(ServerScraper):
         appended whole, and read from copies."""
         self._gpu_pids = {s.uuid: {pid for pid, _ in s.processes} for s in snap.samples}
         self.activity.observe(snap)
+        self.energy_log.observe(snap)
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -236,7 +244,11 @@ class VllmSource(ServerScraper):
                 return False
 
     async def close(self) -> None:
-        """Close the HTTP session (when the source made it) and the worker thread."""
+        """Close the HTTP session (when the source made it) and the worker thread; a probe in
+        flight is cancelled."""
+        for srv in self._servers.values():
+            if srv.hang is not None:
+                srv.hang.cancel()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None

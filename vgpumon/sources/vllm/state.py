@@ -15,7 +15,11 @@ poll's time from the injected clock, and never reads a clock or the network itse
 * **busy** / **idle**: healthy; work running or waiting, or token counters advancing / nothing
   running or waiting and counters flat.
 * **hung**: ``/health`` 200 (or ``/health`` timing out) while requests run or wait and the token
-  counters stay flat for ``hang_after`` scrapes — a hung engine still answers 200.
+  counters stay flat for ``hang_after`` scrapes — a hung engine still answers 200 — unless the
+  engine processes are seen using CPU (a long prefill counts no token until it ends); an engine
+  process stopped (``T``) or in uninterruptible sleep (``D``) for ``hang_after`` polls, whatever
+  the gauges say (they freeze with it); a generation probe unanswered by its deadline while the
+  server read idle (``hang.HangWatch``).
 * **sleeping**: ``vllm:engine_sleep_state`` not ``awake`` (0.12+) or ``/is_sleeping`` true.
 * **telemetry_down**: ``/health`` 200 but ``/metrics`` fails (error, oversized, garbage).
 * **dead**: after ready, ``/health`` 500 (0.9–0.10) or 503 (0.11+), a refused or reset
@@ -37,6 +41,8 @@ REFUSED = "refused"  # nothing listens on the port (ECONNREFUSED)
 TIMEOUT = "timeout"  # no complete answer within the per-request timeout
 CONNECTION = "connection"  # reset / disconnected / other transport error
 TOO_LARGE = "too large"  # the body exceeded the response-size limit
+#: engine CPU (cores) at or above which work queued with flat counters is a long step, not a hang
+ENGINE_WORKING_CPU = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,12 @@ class Observation:
         engine_lost: why an engine process of the server counts as lost (it was seen in the
             process tree since ``/health`` first answered 200 and is gone or a zombie now);
             ``None`` when every engine process seen is still there, or nothing is known.
+        engine_stalled: why an engine process counts as stalled (stopped or in ``D`` for
+            ``hang_after`` polls, ``hang.HangWatch.engine_stalled``); ``None`` otherwise.
+        engine_working: the engine processes used CPU since the previous poll (at least
+            ``ENGINE_WORKING_CPU`` of a core); ``None`` when not known (static targets).
+        probe_hung: why the last generation probe says hung (no token by its deadline);
+            ``None`` when it answered, or none ran.
     """
 
     ts: float
@@ -73,6 +85,9 @@ class Observation:
     sleeping: bool | None = None
     server_load: float | None = None
     engine_lost: str | None = None
+    engine_stalled: str | None = None
+    engine_working: bool | None = None
+    probe_hung: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -124,6 +139,11 @@ class Lifecycle:
             return None
         return self.ready_ts - self.start_ts
 
+    @property
+    def flat_scrapes(self) -> int:
+        """Consecutive scrapes whose token counters did not move."""
+        return self._flat
+
     def note_frozen(self, unchanged: bool) -> None:
         """Tell the machine whether this scrape's gauges equal the previous scrape's."""
         self.stale = unchanged and self._flat >= self.hang_after
@@ -168,6 +188,10 @@ class Lifecycle:
             self._load_tracking = True  # --enable-server-load-tracking is on: /load means something
         if obs.tokens_advanced is not None:
             self._flat = self._flat + 1 if obs.tokens_advanced == 0 else 0
+        if obs.engine_stalled is not None:
+            return self._set(ServerState.HUNG, obs.engine_stalled)
+        if obs.probe_hung is not None and not obs.tokens_advanced:
+            return self._set(ServerState.HUNG, obs.probe_hung)
         if obs.sleeping:
             return self._set(ServerState.SLEEPING, "engine asleep")
         if obs.work is None:
@@ -177,6 +201,9 @@ class Lifecycle:
                 if self._load_tracking and obs.server_load == 0:
                     # nothing in flight at the API server: the gauges are frozen, not the engine
                     return self._set(ServerState.IDLE, "gauges frozen (/load 0)")
+                if obs.engine_working:
+                    # a long prefill counts its prompt tokens when it ends: the engine steps
+                    return self._set(ServerState.BUSY, f"engine working, no token counted for {self._flat} scrapes")
                 return self._set(ServerState.HUNG, f"work queued, token counters flat for {self._flat} scrapes")
             return self._set(ServerState.BUSY, "serving")
         if obs.tokens_advanced:
