@@ -18,7 +18,7 @@ from exporter_support import Scrape, fed, scrape, snapshots
 from kubelet_support import sock_dir  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vgpumon.alerts.feed import AlertSample
+from vgpumon.alerts.feed import AlertSample, UnknownSample
 from vgpumon.exporter import ExporterConfig
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.exporter.server import MetricsServer
@@ -161,6 +161,13 @@ class _Rules:
             AlertSample("VllmDead", "critical", "resolved", {"server": "127.0.0.1:8000"}),
         ]
 
+    def unknown(self):
+        return [
+            UnknownSample("GpuStuck", "critical", "not_supported", {"gpu": "0", "uuid": H200}),
+            UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "11"}),
+            UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "12"}),
+        ]
+
     def memory_slopes(self):
         return {H200: 3472.2}
 
@@ -173,6 +180,12 @@ def test_rules_feed_alerts_and_leak_slope(workload):
                    state="pending", gpu="0", uuid=H200) == 1.0
     assert [lab for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VllmDead"] == []  # resolved: gone
     assert m.value("vgpumon_gpu_memory_used_slope_bytes_per_second", **IDENTITY) == 3472.2
+    assert m.value("vgpumon_rule_unknown", hostname="h200-replay", rule="GpuStuck", severity="critical",
+                   reason="not_supported", gpu="0", uuid=H200) == 1.0
+    # two processes of one GPU that cannot be judged yet: one series of that GPU, no pid label
+    leaks = [lab for lab, _ in m.series("vgpumon_rule_unknown") if lab["rule"] == "GpuProcessMemoryLeak"]
+    assert leaks == [{"hostname": "h200-replay", "rule": "GpuProcessMemoryLeak", "severity": "warning",
+                      "reason": "warming_up", "gpu": "0", "uuid": H200}], leaks
     plain = scrape(fed(workload[:3]))
     assert plain.series("vgpumon_alerts") == [] and plain.series("vgpumon_gpu_memory_used_slope_bytes_per_second") == []
 
@@ -278,6 +291,36 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     m = scrape(ex)
     assert m.value("vgpumon_gpu_up", **IDENTITY, **owner) is not None
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0
+
+
+def test_a_gpu_without_gpm_is_served_as_rules_that_cannot_judge_not_as_silence(tmp_path):
+    """The recorded H200 copy without GPM (16 s): GpuStuck and GpuMemoryHeldIdle can never fire
+    on it. /metrics says so with the agent's own verdict, one series per rule and GPU with a
+    bounded reason, and VgpumonRuleCannotJudge is on its way for them (pending: its 15 min have
+    not passed), never for the leak rule that only waits for its hours of history."""
+    from vgpumon.agent import Agent
+    from vgpumon.alerts.runner import RuleRunner
+    from vgpumon.alerts.sinks import LogSink
+    from vgpumon.rules.core import UNKNOWN_CODES
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.store import open_store
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    runner = RuleRunner(sinks=[LogSink()], wall=None)
+    agent = Agent(NvmlSource(ReplayBackend(DATA / "h200-nogpm-copy.jsonl.gz")), store, hostname="h", paced=False, rules=runner)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    m = Scrape(MetricsExporter.for_agent(agent, ExporterConfig(listen="off"), rules=runner).render().decode())
+    unknown = {lab["rule"]: lab for lab, _ in m.series("vgpumon_rule_unknown")}
+    assert unknown["GpuStuck"]["reason"] == unknown["GpuMemoryHeldIdle"]["reason"] == "not_supported", unknown
+    assert unknown["GpuStuck"]["gpu"] == "0" and unknown["GpuStuck"]["severity"] == "critical"
+    assert unknown["GpuMemoryLeak"]["reason"] == "warming_up"
+    assert "GpuXidCritical" not in unknown and "GpuLost" not in unknown  # judged: ok, not unknown
+    assert {lab["reason"] for lab in unknown.values()} <= set(UNKNOWN_CODES), unknown  # never "other" here
+    blind = {lab["rule"]: lab["state"] for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VgpumonRuleCannotJudge"}
+    assert blind.get("GpuStuck") == blind.get("GpuMemoryHeldIdle") == "pending", blind
+    assert "GpuMemoryLeak" not in blind and "GpuXidCritical" not in blind, blind
 
 
 def test_the_agents_rule_engine_feeds_vgpumon_alerts(tmp_path):

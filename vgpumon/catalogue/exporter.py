@@ -129,6 +129,13 @@ DERIVED: tuple[Field, ...] = (
         "the rules engine (RulesFeed.alerts)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_alerts",
         label="alerts", note="value 1; a resolved alert has no series (docs/exporter.md)",
     ),
+    _derived(
+        "rule_unknown", "state", "bool",
+        "One series per rule and subject the agent's rules engine cannot judge (labels rule, severity, reason).",
+        "the rules engine (RulesFeed.unknown)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_rule_unknown",
+        label="rules that cannot judge",
+        note="value 1; reason is a code: not_supported, not_reported, no_data, warming_up, rule_failed, other (docs/rules.md)",
+    ),
 )
 
 AGENT: tuple[Field, ...] = (

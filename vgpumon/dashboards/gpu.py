@@ -96,6 +96,10 @@ def fleet():
                    Q(f"vgpumon_gpu_remapped_rows_failure{GPU}", BY_GPU + " failed"), unit="none", maps=yes_no(), max_=1),
                 table("Firing alerts", "Alerts the agents' rules engine holds as firing.",
                       Q('vgpumon_alerts{hostname=~"$host", state="firing"}'), unit="none", hide=("Time", "__name__", "Value")),
+                table("Rules that cannot judge", "Rules the agents' engine cannot judge for a GPU or source, and why "
+                      "(reason: not_supported, not_reported, no_data, warming_up, rule_failed): their alerts cannot fire there, "
+                      "so their silence is not health (VgpumonRuleCannotJudge; docs/exporter.md).",
+                      Q('vgpumon_rule_unknown{hostname=~"$host"}'), unit="none", hide=("Time", "__name__", "Value")),
             ]),
         ],
     )

@@ -35,7 +35,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from vgpumon import __version__
-from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
+from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, UNKNOWN_SUBJECT_LABELS, RulesFeed
 from vgpumon.base.listen import ExporterConfig
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.exporter.plans import (
@@ -59,6 +59,7 @@ from vgpumon.exporter.plans import (
     REASONS,
     REJECTED,
     ROWS_FOLDED,
+    RULE_UNKNOWN,
     SHARE,
     SLOPE,
     SLOW_NAMES,
@@ -400,6 +401,23 @@ class MetricsExporter(VllmSeries, Collector):
                     lambda: Labels(
                         (("hostname", self.hostname), ("alertname", a.alertname), ("severity", a.severity), ("state", a.state), *subject)  # noqa: B023  the factory runs at once, inside this iteration (_cached)
                     ),
+                ),
+                1.0,
+            )
+        fam = fams.get(RULE_UNKNOWN)
+        if fam is None:
+            return
+        served: set[tuple[Hashable, ...]] = set()
+        for u in self.rules.unknown():
+            subject = tuple((k, str(u.labels[k])) for k in UNKNOWN_SUBJECT_LABELS if u.labels.get(k))
+            key = ("unknown", u.rule, u.severity, u.reason, subject)
+            if key in served:  # subjects below the served labels (processes of one GPU): one series
+                continue
+            served.add(key)
+            fam.add(
+                self._cached(
+                    key,
+                    lambda: Labels((("hostname", self.hostname), ("rule", u.rule), ("severity", u.severity), ("reason", u.reason), *subject)),  # noqa: B023  the factory runs at once, inside this iteration (_cached)
                 ),
                 1.0,
             )

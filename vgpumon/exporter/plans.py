@@ -81,6 +81,7 @@ UPSTREAM_CAPACITY = _family("exporter", "pcie_upstream_link_capacity_bytes_per_s
 HOLDER = _family("exporter", "kubernetes_holder_info")
 HOLDERS = _family("exporter", "kubernetes_holders")
 ALERTS = _family("exporter", "alerts")
+RULE_UNKNOWN = _family("exporter", "rule_unknown")
 SOURCE_UP = _family("agent", "source_up")
 SOURCE_DURATION = _family("agent", "source_collect_duration_seconds")
 SOURCE_SUCCESS = _family("agent", "source_last_success_timestamp_seconds")

@@ -10,11 +10,11 @@ host's series vanish from Prometheus.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from vgpumon import catalogue
 from vgpumon.config.thresholds import Thresholds
-from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom
+from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom, unknown_code
 from vgpumon.rules.view import HostView, row_ts
 
 
@@ -52,6 +52,53 @@ def _silent_twin(th: Thresholds) -> list[Twin]:
     ]
 
 
+#: The rule about the other rules: one that cannot judge a subject for a while says so.
+CANNOT_JUDGE = "VgpumonRuleCannotJudge"
+#: Reason codes that do not make a rule "cannot judge": inputs that come by waiting (a trend's
+#: hours after a start, a step settling); ``vgpumon_rule_unknown`` still serves them.
+WAITING = ("warming_up",)
+
+
+def _judged_elsewhere(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
+    """The check of ``VgpumonRuleCannotJudge`` reads no data: ``Engine.evaluate`` judges it from
+    the other rules' newest findings (``cannot_judge``)."""
+    return ()
+
+
+def cannot_judge(rule: Rule, hostname: str, newest: Mapping[str, Sequence[Finding]], rules: Iterable[str]) -> list[Finding]:
+    """One finding per rule of ``rules``: firing while its newest evaluation left a subject
+    unknown for a reason other than ``WAITING``, with how many subjects and the first reason.
+
+    Args:
+        rule: ``VgpumonRuleCannotJudge``.
+        newest: rule name → its findings at its newest evaluation.
+    """
+    out = []
+    for name in rules:
+        if name == rule.name:
+            continue
+        blind = [f for f in newest.get(name, ()) if f.state == "unknown" and unknown_code(f.reason) not in WAITING]
+        labels = {"hostname": hostname, "rule": name}
+        if not blind:
+            out.append(Finding(rule.name, labels, "ok", 0.0))
+            continue
+        first = blind[0]
+        subject = ", ".join(f"{k} {v}" for k, v in first.labels.items() if k != "hostname" and v) or "the host"
+        out.append(Finding(rule.name, labels, "firing", float(len(blind)),
+                           {"rule": name, "count": float(len(blind)), "subject": subject, "code": unknown_code(first.reason),
+                            "reason": first.reason}))
+    return out
+
+
+def _cannot_judge_twin(th: Thresholds) -> list[Twin]:
+    unknown = prom("exporter", "rule_unknown")
+    waiting = "|".join(WAITING)
+    assert "{" not in unknown, unknown  # a plain name: the matcher below is its only one
+    return [Twin(f'count by (hostname, rule) ({unknown}{{reason!~"{waiting}"}}) > 0',
+                 "{{ $labels.rule }} cannot judge {{ $value }} subject(s) of {{ $labels.hostname }} "
+                 "(vgpumon_rule_unknown says why): its alert could not fire there.")]
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "VgpumonSourceSilent", "warning", "source",
@@ -67,6 +114,25 @@ RULES: tuple[Rule, ...] = (
             "`nvidia-smi` on the host for NVML.",
             "Restart the agent; if NVML is wedged, `nvidia-smi` hangs too: the GPU or driver needs a reset.",
         ),
+        every_seconds=15.0,
+    ),
+    Rule(
+        CANNOT_JUDGE, "info", "rule",
+        "A rule cannot judge some of what it watches.",
+        "{rule} cannot judge {count:.0f} subject(s) ({code}); first {subject}: {reason}.",
+        ("the other rules' findings",),
+        _judged_elsewhere,
+        _cannot_judge_twin,
+        Runbook(
+            "A rule's inputs are absent for a subject (a reading the GPU does not support, a field not reported, nothing "
+            "stored in its window, a check that failed): its alert cannot fire there, so silence from it means nothing. "
+            "A trend still warming up after a start is not counted.",
+            "`vgpumon diagnose <host>` lists each unknown rule with its reason; `/metrics` serves "
+            "`vgpumon_rule_unknown{rule, reason, gpu, …}`; the fleet dashboard's \"Rules that cannot judge\" panel.",
+            "Provide the input (enable GPM, a driver that reports the field, vLLM metrics) or disable the rule for that "
+            "host (`[rules] disabled`) so that its silence is a decision, not an accident.",
+        ),
+        for_seconds=900.0,
         every_seconds=15.0,
     ),
 )
