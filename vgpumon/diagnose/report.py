@@ -311,7 +311,8 @@ def build_report(
         block = gpu_block(store, g, start, end, aggs[g.id], topology=topology, index_of=index_of,
                           rejected=rejected.get(f"gpu:{u}"), down=(down[g.id], reasons.get(g.id, "unreadable")) if g.id in down else None,
                           last=lasts[g.id], xid_counts=xid_counts, rules_unknown=unknown_reasons[u],
-                          areas=health(st, severities, unknown_reasons[u]))
+                          areas=health(st, severities, unknown_reasons[u],
+                                       down=None if g.id not in down else "GPU lost" if g.id in lost_firing else "GPU unreadable"))
         if not block["samples"]:
             findings.append(own("unknown", f"no samples in the window ({duration(window_seconds)})", gpu=g.identity, kind="no_samples"))
         for field, (count, reason) in sorted((rejected.get(f"gpu:{u}") or {}).items()):
