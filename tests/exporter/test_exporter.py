@@ -4,7 +4,8 @@ exporter, scraped, parsed back as Prometheus parses them.
 What a user would notice: the copy phase shows PCIe RX near the link's capacity while SM activity
 is 0 and "GPU util" says 100 %; a lost GPU reads ``up 0`` with no stale readings and its XID 79
 counted; slow fields (ECC) do not flicker between reads; an unsupported field (fan) has no
-sample rather than 0; a stalled agent serves no readings; a pod's GPU carries the pod's labels.
+sample rather than 0; a stalled agent serves no readings; a pod's GPU is named by one info
+series, so a pod move neither splits the GPU's series nor makes new XID counters.
 """
 
 from __future__ import annotations
@@ -126,10 +127,11 @@ def test_a_stalled_agent_serves_its_gpus_down_and_says_how_old_the_data_is(workl
     assert scrape(ex).value("vgpumon_gpu_memory_used_bytes", **IDENTITY) is not None
 
 
-def test_kubernetes_owner_labels_on_its_gpu_and_process_and_holders_of_a_shared_gpu(eight):
-    """GPU 0 is allocated to one container; GPU 1 is time-sliced between two: GPU 0's readings
-    carry the pod's namespace/pod/container, GPU 1's carry none, and both holders of GPU 1 are
-    listed in the holder info gauge."""
+def test_kubernetes_owners_are_one_info_series_and_a_pod_move_keeps_the_gpus_series(eight):
+    """GPU 0 is allocated to one container; GPU 1 is time-sliced between two. The holders are
+    the info series (GPU 0's one, both of GPU 1's); no GPU reading, counter or up carries a pod,
+    so when GPU 0's pod is rescheduled its readings and XID counters stay the same series and
+    only the info series names the new pod. GPU processes keep their own owner's labels."""
     vllm = PodContainer("serving", "vllm-llama-0", "vllm")
     a, b = PodContainer("research", "nb-alice", "notebook"), PodContainer("research", "nb-bob", "notebook")
     snap = eight[30]
@@ -141,9 +143,15 @@ def test_kubernetes_owner_labels_on_its_gpu_and_process_and_holders_of_a_shared_
     alloc = DeviceAllocations(ts=snap.ts, devices={g0: (vllm,), g1: (a, b)})
     m = scrape(fed([attach(snap, alloc)]))
     owner = {"namespace": "serving", "pod": "vllm-llama-0", "container": "vllm"}
-    assert m.value("vgpumon_gpu_memory_used_bytes", **_gpu(0), **owner) is not None
-    assert m.value("vgpumon_gpu_memory_used_bytes", **_gpu(1)) is not None  # shared: no owner labels
+    for name in ("vgpumon_gpu_memory_used_bytes", "vgpumon_gpu_up", "vgpumon_gpu_xid_events_total"):
+        assert {tuple(sorted(lab)) for lab, _ in m.series(name)} <= {("gpu", "hostname", "uuid"), ("gpu", "hostname", "uuid", "xid")}, name
+    assert ({**_gpu(0), **owner}, 1.0) in m.series("vgpumon_gpu_kubernetes_holder_info")
     assert m.value("vgpumon_gpu_kubernetes_holders", **_gpu(1)) == 2.0
+    moved = PodContainer("serving", "vllm-llama-1", "vllm")  # rescheduled: a new pod on the same GPU
+    after = scrape(fed([attach(snap, DeviceAllocations(ts=snap.ts, devices={g0: (moved,), g1: (a, b)}))]))
+    for name in ("vgpumon_gpu_memory_used_bytes", "vgpumon_gpu_up", "vgpumon_gpu_xid_events_total"):
+        assert [lab for lab, _ in after.series(name)] == [lab for lab, _ in m.series(name)], name  # the same series
+    assert [lab["pod"] for lab, _ in after.series("vgpumon_gpu_kubernetes_holder_info") if lab["gpu"] == "0"] == ["vllm-llama-1"]
     assert sorted(lab["pod"] for lab, _ in m.series("vgpumon_gpu_kubernetes_holder_info") if lab["gpu"] == "1") == ["nb-alice", "nb-bob"]
     proc = {**_gpu(0), "pid": str(pid), "command": "python3", **owner}
     assert m.value("vgpumon_gpu_process_memory_used_bytes", **proc) == float(1 << 30)
@@ -289,7 +297,8 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     owner = {"namespace": "serving", "pod": "vllm-llama-0", "container": "vllm"}
     assert agent.latest.kubernetes.gpus[H200].labels() == owner
     m = scrape(ex)
-    assert m.value("vgpumon_gpu_up", **IDENTITY, **owner) is not None
+    assert m.value("vgpumon_gpu_up", **IDENTITY) is not None
+    assert m.value("vgpumon_gpu_kubernetes_holder_info", **IDENTITY, **owner) == 1.0
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0
 
 

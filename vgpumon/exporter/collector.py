@@ -18,9 +18,12 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
   energy counter is read on every sixth slow tick only). A slow field the GPU answered "not
   supported" (or a GPU going down) clears it.
 * **Identity in ``_info`` gauges, few labels elsewhere.** Every GPU series carries ``hostname``,
-  ``gpu`` (NVML index) and ``uuid`` (as dcgm-exporter, lower case), plus ``namespace``/``pod``/
-  ``container`` when the kubelet names one owner; product name, serial, bus id are labels of
-  ``vgpumon_gpu_info`` only.
+  ``gpu`` (NVML index) and ``uuid`` (as dcgm-exporter, lower case), and nothing else that can
+  change: product name, serial, bus id are labels of ``vgpumon_gpu_info`` only, and the
+  kubelet's ``namespace``/``pod``/``container`` of ``vgpumon_gpu_kubernetes_holder_info`` only
+  (joined ``on (hostname, uuid)``), so a pod moving to another GPU or a GPU to another pod
+  neither splits a GPU's series nor makes its XID counters new series. GPU process series keep
+  their own owner's labels: a process lives in one container.
 * **XIDs are counted per code** (``vgpumon_gpu_xid_events_total{xid}``), the codes of
   ``catalogue.gpu.XID_NAMES`` from 0 so that ``increase()`` sees their first event.
 """
@@ -264,11 +267,11 @@ class MetricsExporter(VllmSeries, Collector):
 
     # -- GPUs ------------------------------------------------------------------------------------
 
-    def _gpu_base(self, g: GpuIdentity, owner: Mapping[str, str]) -> Labels:
-        key = ("gpu", g.index, g.uuid, tuple(owner.items()))
+    def _gpu_base(self, g: GpuIdentity) -> Labels:
+        key = ("gpu", g.index, g.uuid)
         labels = self._labels.get(key)
         if labels is None:
-            labels = self._labels[key] = Labels((("hostname", self.hostname), ("gpu", str(g.index)), ("uuid", g.uuid), *owner.items()))
+            labels = self._labels[key] = Labels((("hostname", self.hostname), ("gpu", str(g.index)), ("uuid", g.uuid)))
         return labels
 
     def _gpus(self, fams: dict[str, Family], snap: Snapshot, fresh: bool) -> None:
@@ -278,8 +281,8 @@ class MetricsExporter(VllmSeries, Collector):
         host = self._host
         for g, s in zip(snap.gpus, snap.samples):
             attribution = k8s.gpus.get(g.uuid) if k8s is not None else None
-            base = self._gpu_base(g, attribution.labels() if attribution is not None else {})
-            plain = self._gpu_base(g, {})
+            # the owner is on the holder info series only: never on the readings, counters or up
+            base = plain = self._gpu_base(g)
             if (fam := fams.get(GPU_INFO)) is not None:
                 info = self._labels.get(("info", g))
                 if info is None:
