@@ -4,15 +4,17 @@
 "Now" is ``HostView.wall``: the wall clock in a live agent, so a wedged NVML thread that writes
 nothing is seen; the evaluation time in ``diagnose`` and replays, where the sources are compared
 with each other (GPU rows go on, vLLM polls stopped). An agent that is gone entirely cannot say
-so itself: ``diagnose --max-age`` reports it UNKNOWN, and the twin's second rule fires when the
-host's series vanish from Prometheus.
+so itself: ``diagnose --max-age`` reports it UNKNOWN, and the twin's second rule fires while
+Prometheus' ``up`` of its target is 0 (for as long as the target is configured: an agent that
+never came up included, a host in no scrape configuration never).
+
+``VgpumonRuleCannotJudge`` is here too: the agent's verdict on its own rules.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from vgpumon import catalogue
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom, unknown_code
 from vgpumon.rules.view import HostView, row_ts
@@ -40,14 +42,21 @@ def _silent(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         yield finding("vllm", max(i["last_seen"] for i in watched), "vLLM poll of a server that is still running")
 
 
+#: Prometheus' scrape health of the agents' targets: a scrape job whose name holds "vgpumon"
+#: (the shipped configurations' ``vgpumon``; docs/rules.md).
+AGENT_UP = 'up{job=~".*vgpumon.*"}'
+
+
 def _silent_twin(th: Thresholds) -> list[Twin]:
     last = prom("agent", "source_last_success_timestamp_seconds")
-    info = catalogue.INFO_METRICS["gpus"]
     return [
         Twin(f"max by (hostname, source) (time() - {last}) > {th.silent_after_seconds:g}",
              "The {{ $labels.source }} source of {{ $labels.hostname }} last answered {{ $value | humanizeDuration }} ago."),
-        Twin(f"max by (hostname) (max_over_time({info}[1h])) unless on (hostname) max by (hostname) ({info})",
-             "The agent of {{ $labels.hostname }} reported within the last hour and its series are gone: it is down or unreachable.",
+        # the agent down: Prometheus' own up of its target, for as long as the target is known
+        # (never an absent(), which fires for every target that was never configured); the
+        # host is the instance's host part, the agent being unable to say its own hostname then
+        Twin(f'max by (hostname) (label_replace({AGENT_UP}, "hostname", "$1", "instance", "(.+):[0-9]+")) == 0',
+             "The agent of {{ $labels.hostname }} does not answer Prometheus' scrapes: it is down or unreachable.",
              for_seconds=th.silent_after_seconds, labels={"source": "agent"}),
     ]
 
