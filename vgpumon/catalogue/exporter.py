@@ -130,6 +130,13 @@ DERIVED: tuple[Field, ...] = (
         label="alerts", note="value 1; a resolved alert has no series (docs/exporter.md)",
     ),
     _derived(
+        "collector_fault", "flag", "bool",
+        "1 while the collector withholds the GPU's readings it found false (GPM PCIe against nvmlDeviceGetPcieThroughput).",
+        "GpuSample.missing reasons 'collector fault: …' (vgpumon.sources.nvml.crosscheck)", BOOL, lo=0, hi=1,
+        prometheus="vgpumon_gpu_collector_fault", display="yes_no", label="collector fault",
+        note="absent while the GPU is not readable; VgpumonCollectorFault fires on it (docs/rules.md)",
+    ),
+    _derived(
         "rule_unknown", "state", "bool",
         "One series per rule and subject the agent's rules engine cannot judge (labels rule, severity, reason).",
         "the rules engine (RulesFeed.unknown)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_rule_unknown",

@@ -36,7 +36,8 @@ HEALTH_AREAS: dict[str, tuple[str, ...]] = {
     "power": ("GpuPowerBrakeSlowdown",),
     "xid": ("GpuXidCritical", "GpuXidWarning", "GpuXidOther"),
 }
-NOT_HEALTH = ("GpuMemoryNearlyFull", "GpuMemoryHeldIdle", "GpuMemoryLeak", "GpuProcessMemoryLeak", "GpuPcieSaturated")
+NOT_HEALTH = ("GpuMemoryNearlyFull", "GpuMemoryHeldIdle", "GpuMemoryLeak", "GpuProcessMemoryLeak", "GpuPcieSaturated",
+              "VgpumonCollectorFault")  # the collector's own fault: a finding about vgpumon, not the GPU
 _AREA_OF = {rule: area for area, rules in HEALTH_AREAS.items() for rule in rules}
 
 

@@ -47,6 +47,7 @@ from vgpumon.exporter.plans import (
     BACKLOG,
     BUILD_INFO,
     CAPACITY,
+    COLLECTOR_FAULT,
     FAMILIES,
     GPU_FAST,
     GPU_INFO,
@@ -312,6 +313,8 @@ class MetricsExporter(VllmSeries, Collector):
             if not up:
                 continue
             add_values(fams, base, s, GPU_FAST)
+            if (fam := fams.get(COLLECTOR_FAULT)) is not None:  # readings the collector found false and withholds
+                fam.add(base, 1.0 if any(why.startswith("collector fault") for why in s.missing.values()) else 0.0)
             slow = self._slow.get(g.uuid)
             if slow is not None:
                 add_values(fams, base, slow, GPU_SLOW)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from vgpumon.config.thresholds import Thresholds
-from vgpumon.rules.core import Finding, Rule, Runbook, Twin, duration, prom, unknown_code
-from vgpumon.rules.view import HostView, row_ts
+from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gpu_labels, prom, unknown_code
+from vgpumon.rules.view import GpuEventRow, HostView, row_ts
 
 
 def _silent(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
@@ -59,6 +59,42 @@ def _silent_twin(th: Thresholds) -> list[Twin]:
              "The agent of {{ $labels.hostname }} does not answer Prometheus' scrapes: it is down or unreachable.",
              for_seconds=th.silent_after_seconds, labels={"source": "agent"}),
     ]
+
+
+def _collector_fault(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
+    """A GPU whose collector found its own readings false (GPM PCIe at 0 while the throughput
+    call reads a copy): its newest ``collector_fault`` event has no ``collector_fault_cleared``
+    after it, and its newest row still has the figures withheld (a restarted agent that finds
+    them agreeing again writes no all-clear, but stores them)."""
+    open_: dict[int, GpuEventRow] = {}
+    for event in view.events(th.missing_lookback_seconds):  # oldest first
+        gid = event["gpu_id"]
+        if gid is None:
+            continue
+        if event["kind"] == "collector_fault":
+            open_[gid] = event
+        elif event["kind"] == "collector_fault_cleared":
+            open_.pop(gid, None)
+    newest = view.latest(FAULT_FIELDS)
+    for g in view.gpus:
+        labels = gpu_labels(view.hostname, g.identity.index, g.identity.uuid)
+        row, fault = newest.get(g.id), open_.get(g.id)
+        withheld = row is not None and all(row[c] is None for c in FAULT_FIELDS)
+        if fault is None or not withheld:
+            yield Finding(rule.name, labels, "ok", 0.0)
+            continue
+        yield Finding(rule.name, labels, "firing", 1.0, {"gpu": g.identity.index, "since": duration(max(0.0, view.at - fault["ts"])),
+                                                         "detail": fault["detail"]})
+
+
+#: The readings a collector fault withholds (the GPM PCIe cross-check's).
+FAULT_FIELDS = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
+
+
+def _collector_fault_twin(th: Thresholds) -> list[Twin]:
+    return [Twin(f"max {by('gpu')} ({prom('exporter', 'collector_fault')}) == 1",
+                 "The collector of GPU {{ $labels.gpu }} of {{ $labels.hostname }} found its own readings false and "
+                 "withholds them (diagnose and the agent's log say which).")]
 
 
 #: The rule about the other rules: one that cannot judge a subject for a while says so.
@@ -122,6 +158,24 @@ RULES: tuple[Rule, ...] = (
             "`systemctl status vgpumon-agent` (or the DaemonSet's pod) and its log; `vgpumon diagnose <host> --max-age 2m`; "
             "`nvidia-smi` on the host for NVML.",
             "Restart the agent; if NVML is wedged, `nvidia-smi` hangs too: the GPU or driver needs a reset.",
+        ),
+        every_seconds=15.0,
+    ),
+    Rule(
+        "VgpumonCollectorFault", "warning", "gpu",
+        "The collector found a GPU's readings false and withholds them.",
+        "GPU {gpu}: {detail}, for {since}; those figures are withheld, not zero.",
+        ("gpu_events", "gpu_samples.pcie_tx_bytes_per_second", "gpu_samples.pcie_rx_bytes_per_second"),
+        _collector_fault,
+        _collector_fault_twin,
+        Runbook(
+            "The agent's cross-check caught NVML's GPM reporting PCIe traffic that the throughput call contradicts (GPM "
+            "at 0 during a 56 GB/s copy is the known case). Those figures are withheld, so PCIe saturation and stuck "
+            "GPUs cannot be judged from them on this GPU until the two agree again.",
+            "`vgpumon diagnose <host>` (the finding, with both figures); `nvidia-smi dmon -s t -i <gpu>` beside "
+            "`nvidia-smi -q -d PERFORMANCE`; the agent's log line \"collector fault\".",
+            "Update the driver if the GPM figures stay wrong; meanwhile the throughput call's own figure is the truth "
+            "for the link. The alert clears when a cross-check agrees again.",
         ),
         every_seconds=15.0,
     ),
