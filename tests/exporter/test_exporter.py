@@ -207,6 +207,23 @@ def test_agent_health_before_the_first_tick_and_after(workload):
     assert m.value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml") == workload[1].ts
 
 
+def test_a_replay_serves_its_last_success_on_the_wall_clock_prometheus_compares_with(workload):
+    """The recorded H200 capture replayed (its ticks carry their capture time, days before
+    today): Prometheus compares vgpumon_agent_source_last_success_timestamp_seconds with its own
+    time(), so a capture-time stamp made VgpumonSourceSilent{source="nvml"} fire for the whole
+    replay while the agent, judging in data time, saw NVML answer every tick. A replay's stamp
+    is moved to the wall clock the tick was taken in at; a live agent's is served as read."""
+    clock = {"now": 1_900_000_000.0}  # the replay's wall clock, long after the capture
+    ex = MetricsExporter(hostname="h200-replay", monotonic=FakeClock(0.0), wall=lambda: clock["now"])
+    for k, snap in enumerate(workload[:5]):
+        clock["now"] = 1_900_000_000.0 + k
+        ex.observe(snap)
+    served = scrape(ex).value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml")
+    assert workload[4].ts < 1_800_000_000 and served == pytest.approx(1_900_000_004.0)  # the age Prometheus sees: 0 s
+    live = scrape(fed(workload[:5])).value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml")
+    assert live == workload[4].ts
+
+
 def test_our_text_is_prometheus_clients_text_of_the_same_registry(eight):
     ex = fed(eight[: incident.LOST_AT + 3], rules=_Rules())
     registry = CollectorRegistry()

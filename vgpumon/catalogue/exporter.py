@@ -162,7 +162,7 @@ AGENT: tuple[Field, ...] = (
     ),
     _agent(
         "source_last_success_timestamp_seconds", "gauge", "seconds",
-        "When the source last answered (seconds since the epoch; a replay's are the capture's).",
+        "When the source last answered (seconds since the epoch; in a replay, the wall time its tick was taken in).",
         "SourceStatus.last_success_ts", SECONDS_MS, lo=0, hi=_EPOCH_MAX,
         prometheus="vgpumon_agent_source_last_success_timestamp_seconds", label="last success",
     ),

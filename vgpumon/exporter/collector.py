@@ -30,6 +30,7 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -141,6 +142,10 @@ class MetricsExporter(VllmSeries, Collector):
         backlog: the agent's ``Backlog`` (spool depth).
         topology: returns the host's PCIe topology, or ``None`` when it was not read.
         monotonic: the clock that ages ticks (the agent's).
+        wall: for a replay, the wall clock: the capture-time stamps the exporter serves
+            (the NVML source's last success) are moved by ``wall() − tick time`` measured as
+            each tick is taken in, so Prometheus, which compares them with its own now, sees
+            the ages the agent's rules see in data time; ``None`` (live) serves them as read.
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class MetricsExporter(VllmSeries, Collector):
         backlog: "Backlog | None" = None,
         topology: Callable[[], "PcieTopology | None"] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.hostname = hostname
         self.interval = interval
@@ -169,6 +175,8 @@ class MetricsExporter(VllmSeries, Collector):
         self.backlog = backlog
         self.topology = topology
         self.monotonic = monotonic
+        self.wall = wall
+        self._offset = 0.0  # wall − data time of the newest tick (a replay's), else 0
         self._order = [n for n in FAMILIES if selection is None or n in selection]
         self._snap: Snapshot | None = None
         self._received = 0.0
@@ -192,7 +200,7 @@ class MetricsExporter(VllmSeries, Collector):
         exporter = cls(
             hostname=agent.hostname, interval=agent.interval, config=config, selection=selection, vllm=agent.vllm,
             host_source=agent.host, rules=rules, stats=agent.stats, backlog=agent.backlog,
-            topology=lambda: agent.topology, monotonic=agent.monotonic,
+            topology=lambda: agent.topology, monotonic=agent.monotonic, wall=None if agent.paced else time.time,
         )
         agent.observers.append(exporter.observe)
         return exporter
@@ -204,6 +212,8 @@ class MetricsExporter(VllmSeries, Collector):
         may be rendering on the event loop: what a scrape reads is replaced whole, never changed
         in place)."""
         self._received = self.monotonic()
+        if self.wall is not None:
+            self._offset = self.wall() - snap.ts
         if snap.host is not None:
             self._host = snap.host
         slow: dict[str, dict[str, float]] | None = None
@@ -436,7 +446,12 @@ class MetricsExporter(VllmSeries, Collector):
         out: list[SourceStatus] = []
         if snap is not None:
             for st in snap.sources:
-                out.append(st if fresh else SourceStatus(st.name, False, st.last_success_ts, st.collect_seconds, st.rejected, "no tick"))
+                if not fresh:
+                    st = SourceStatus(st.name, False, st.last_success_ts, st.collect_seconds, st.rejected, "no tick")
+                if st.last_success_ts is not None and st.name == "nvml" and self._offset:
+                    # the capture's time in a replay: moved to the wall clock it was taken in at
+                    st = dataclasses.replace(st, last_success_ts=st.last_success_ts + self._offset)
+                out.append(st)
         if self.host_source is not None:
             h = self._host
             rejected = dict(getattr(self.host_source, "rejected", {}))
