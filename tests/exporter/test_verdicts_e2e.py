@@ -39,15 +39,21 @@ def _get(url: str) -> bytes:
 
 
 def _capture(path):
-    """The incident, then its last 10 ticks (GPU 5 lost, nothing new) again for 2 min: GpuLost's
-    1 min ``for`` passes in the agent and in Prometheus while the agent still runs."""
+    """The incident, then its last 10 ticks (GPU 5 lost, nothing new) again for 2 min of data time
+    (240 ticks at ``TICK_S``): GpuLost's 1 min ``for``, the agent's 15 s rule cycle and its 10 s
+    flushes all pass while the agent still runs, with a minute to spare."""
     header, ticks = incident.build(DATA)
     ticks = list(ticks)
     body = [t for t in ticks if t["tick"] >= 0]
     _, tail = scenarios.between(header, ticks, body[-10]["ts"], body[-1]["ts"] + 1)
-    _, tail = scenarios.repeat(header, tail, 12)
+    _, tail = scenarios.repeat(header, tail, 24)
     header, ticks = scenarios.then(header, ticks, tail)
     header, ticks = scenarios.retime(header, ticks, TICK_S / float(header.get("interval_s", 1.0)))
+    # moved to start now: the store's retention judges raw rows' age on the wall clock, so a
+    # capture days old has its raw rows deleted as soon as they are rolled up (GpuLost then
+    # resolved in the agent mid-run while its GPU stayed lost); this test is about the faces
+    ticks = list(ticks)
+    header, ticks = scenarios.shift(header, ticks, time.time() - next(t["ts"] for t in ticks if t["ts"] is not None))
     scenarios.write(path, header, ticks)
     return path
 
