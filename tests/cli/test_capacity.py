@@ -78,9 +78,13 @@ def test_half_the_load_leaves_room_for_seven_cards_a_switch(tmp_path):
     assert missing.returncode == 64 and "nope is not in the store" in missing.stderr  # a mistyped host is a usage error
 
 
-def test_the_recorded_copy_phase_saturates_the_incidents_gen5_switches(tmp_path):
-    """The 8-GPU incident (four cards per Gen5 x16 switch, every card copying at 55 GB/s at once),
-    rolled up by `vgpumon db prune`: each switch carries four cards' copies, far over its link."""
+def test_the_recorded_copy_phase_saturates_each_card_and_its_shared_switches_are_impossible(tmp_path):
+    """The 8-GPU incident (four cards per Gen5 x16 switch, every card replaying the recorded H200
+    copy at once), rolled up by `vgpumon db prune`. Each card alone is at 84 % of its own Gen5 x16
+    link at p95: saturated, by GpuPcieSaturated's 80 %. Four of them below one Gen5 x16 switch
+    make 337 % of its link: no link carries that, so the review calls it impossible and names
+    the topology and link speed to check, not SATURATED (the incident's switches are derived,
+    not measured)."""
     url = f"sqlite:///{tmp_path / 'incident.db'}"
     cap = tmp_path / "incident.jsonl.gz"
     scenarios.write(cap, *incident.build(DATA))
@@ -91,9 +95,20 @@ def test_the_recorded_copy_phase_saturates_the_incidents_gen5_switches(tmp_path)
     assert mismatches(doc, Review) == []
     (host,) = doc["hosts"]
     switches = [p for p in host["shared"] if p["kind"] == "bridge"]
-    assert len(switches) == 2 and all(p["saturated"] and p["cards"] == 4 for p in switches)
+    assert len(switches) == 2 and all(p["cards"] == 4 for p in switches)
     assert all(p["rx"]["max_bytes_per_second"] > 3 * p["link_max"]["capacity_bytes_per_second"] for p in switches)
-    assert host["gpus"][0]["rx"]["max_share_of_max_link"] > 0.9  # one card alone nearly fills its own Gen5 link
+    for p in switches:
+        assert p["p95_share"] > 3.3 and not p["saturated"] and p["port"] in host["impossible"], p
+        assert "topology" in p["impossible"] and "max_link_speed" in p["impossible"], p["impossible"]
+    assert host["saturated"] == []  # nothing shared is merely saturated
+    card = host["gpus"][0]
+    assert card["rx"]["max_share_of_max_link"] > 0.9  # one card alone nearly fills its own Gen5 link
+    assert 0.8 <= card["rx"]["p95_share_of_max_link"] < 1.0 and card["saturated"] and card["impossible"] is None
+    assert host["saturated_gpus"] == list(range(8))
+    text = run("capacity", "h8", "--db", url, env={"COLUMNS": "200"}).stdout
+    assert "84.3 % SATURATED" in text and "337.4 % IMPOSSIBLE" in text and " SATURATED:" in text, text
+    assert "bridge 0000:10:00.0: IMPOSSIBLE, p95 at 337 % of the Gen5 x16 link" in text, text
+    assert "adding 2 cards" not in text  # no projection from an impossible figure
 
 
 def test_html_review_has_its_plots(tmp_path):

@@ -134,6 +134,10 @@ def test_daemonset_mounts_the_pod_resources_directory_and_serves_on_the_default_
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": DEFAULT_PORT, "targetPort": "metrics"}]
     assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert mon["spec"]["endpoints"][0]["port"] == "metrics" and mon["spec"]["endpoints"][0]["path"] == "/metrics"
+    # the agent-down alert names a host by its instance's host part: the node's name, as the agent's hostname
+    (relabel,) = mon["spec"]["endpoints"][0]["relabelings"]
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"] and relabel["targetLabel"] == "instance"
+    assert relabel["replacement"] == f"${{1}}:{DEFAULT_PORT}"
     assert {d["metadata"]["namespace"] for d in (ds, svc, mon)} == {_docs(EXPORTERS / "kubernetes" / "namespace.yaml")["Namespace"]["metadata"]["name"]}
 
 

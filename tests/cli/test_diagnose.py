@@ -69,6 +69,9 @@ def test_the_incident_answers_in_its_first_five_lines_and_exits_2(db_url, tmp_pa
     xid = [line for line in head if f"GPU {incident.LOST_GPU}:" in line and "XID 79" in line]
     assert xid and "fallen off the bus" in xid[0] and "reboot the node" in xid[0], head  # meaning and action
     assert any(f"GPU {incident.ECC_GPU}:" in line and "uncorrectable ECC" in line for line in head), head
+    # the health table: the lost GPU's thermal and power are not PASS from its last readings
+    (row,) = [line for line in out.stdout.splitlines() if line.split()[:2] == [str(incident.LOST_GPU), "FAIL"]]
+    assert row.count("UNKNOWN (GPU lost)") >= 3 and "PASS" not in row, row
 
 
 def test_each_finding_names_its_gpu_evidence_start_meaning_and_next_step(incident_db):
@@ -94,6 +97,9 @@ def test_each_finding_names_its_gpu_evidence_start_meaning_and_next_step(inciden
     g5 = rep["gpus"][incident.LOST_GPU]
     assert g5["readable"]["now"] is False and g5["readable"]["reason"] == "GPU is lost"
     assert g5["health"]["readable"]["status"] == "FAIL" and g5["health"]["xid"]["status"] == "FAIL"
+    # its other areas are not PASS from the readings before it fell off the bus
+    for area in ("memory", "pcie", "thermal", "power"):
+        assert (g5["health"][area]["status"], g5["health"][area]["reason"]) == ("UNKNOWN", "GPU lost"), (area, g5["health"])
     assert rep["gpus"][incident.ECC_GPU]["health"]["memory"]["status"] == "FAIL"
     assert rep["gpus"][0]["health"] == {a: {**h, "status": "PASS"} for a, h in rep["gpus"][0]["health"].items()}
     assert rep["gpus"][0]["sm_active"]["max_ratio"] > 0.9 and rep["gpus"][0]["utilization"]["max_ratio"] == 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -191,3 +192,30 @@ def test_empty_panel_list_names_real_panels_each_with_a_reason():
         assert set(e) - {"may_have_data"} == {"dashboard", "panel", "reason"} and len(e["reason"]) > 20, e
         assert e.get("may_have_data", True) is True, e
         assert (e["dashboard"], e["panel"]) in panels, e
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_fleet_tiles_count_a_stopped_hosts_gpus_as_not_readable(tmp_path):
+    """Two hosts of two GPUs; GPU 1 of host b is lost (up 0); host a's agent stops at 30 min and
+    its series go stale. The fleet's "now" tiles, as committed, evaluated by Prometheus' own
+    engine (promtool): before the stop 3 readable and 1 not; after it host a's GPUs are not
+    readable (1 + 2), never still readable at their last value nor gone from both tiles."""
+    panels = {p["title"]: p for p in dashboards.panels(DOCS["gpu-fleet.json"])}
+    expr = {t: panels[t]["targets"][0]["expr"].replace("$host", ".*").replace("$gpu", ".*") for t in ("GPUs readable", "GPUs not readable")}
+    assert all(panels[t]["targets"][0].get("instant") for t in expr)  # now, not the range's last non-null value
+    series = []
+    for host, gpu, up in (("a", "0", "1x30 stale"), ("a", "1", "1x30 stale"), ("b", "0", "1x60"), ("b", "1", "0x60")):
+        labels = f'hostname="{host}", gpu="{gpu}", uuid="GPU-{host}{gpu}", job="vgpumon"'
+        info = "1x30 stale" if host == "a" else "1x60"
+        series += [{"series": f"vgpumon_gpu_up{{{labels}}}", "values": up}, {"series": f"vgpumon_gpu_info{{{labels}}}", "values": info}]
+
+    def case(at: str, readable: int, not_readable: int) -> list[dict]:
+        return [{"expr": expr["GPUs readable"], "eval_time": at, "exp_samples": [{"labels": "{}", "value": readable}]},
+                {"expr": expr["GPUs not readable"], "eval_time": at, "exp_samples": [{"labels": "{}", "value": not_readable}]}]
+
+    test = {"rule_files": [], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": case("10m", 3, 1) + case("45m", 1, 3)}]}
+    path = tmp_path / "tiles.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

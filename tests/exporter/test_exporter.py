@@ -4,7 +4,8 @@ exporter, scraped, parsed back as Prometheus parses them.
 What a user would notice: the copy phase shows PCIe RX near the link's capacity while SM activity
 is 0 and "GPU util" says 100 %; a lost GPU reads ``up 0`` with no stale readings and its XID 79
 counted; slow fields (ECC) do not flicker between reads; an unsupported field (fan) has no
-sample rather than 0; a stalled agent serves no readings; a pod's GPU carries the pod's labels.
+sample rather than 0; a stalled agent serves no readings; a pod's GPU is named by one info
+series, so a pod move neither splits the GPU's series nor makes new XID counters.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from exporter_support import Scrape, fed, scrape, snapshots
 from kubelet_support import sock_dir  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vgpumon.alerts.feed import AlertSample
+from vgpumon.alerts.feed import AlertSample, UnknownSample
 from vgpumon.exporter import ExporterConfig
 from vgpumon.exporter.collector import MetricsExporter
 from vgpumon.exporter.server import MetricsServer
@@ -126,10 +127,11 @@ def test_a_stalled_agent_serves_its_gpus_down_and_says_how_old_the_data_is(workl
     assert scrape(ex).value("vgpumon_gpu_memory_used_bytes", **IDENTITY) is not None
 
 
-def test_kubernetes_owner_labels_on_its_gpu_and_process_and_holders_of_a_shared_gpu(eight):
-    """GPU 0 is allocated to one container; GPU 1 is time-sliced between two: GPU 0's readings
-    carry the pod's namespace/pod/container, GPU 1's carry none, and both holders of GPU 1 are
-    listed in the holder info gauge."""
+def test_kubernetes_owners_are_one_info_series_and_a_pod_move_keeps_the_gpus_series(eight):
+    """GPU 0 is allocated to one container; GPU 1 is time-sliced between two. The holders are
+    the info series (GPU 0's one, both of GPU 1's); no GPU reading, counter or up carries a pod,
+    so when GPU 0's pod is rescheduled its readings and XID counters stay the same series and
+    only the info series names the new pod. GPU processes keep their own owner's labels."""
     vllm = PodContainer("serving", "vllm-llama-0", "vllm")
     a, b = PodContainer("research", "nb-alice", "notebook"), PodContainer("research", "nb-bob", "notebook")
     snap = eight[30]
@@ -141,9 +143,15 @@ def test_kubernetes_owner_labels_on_its_gpu_and_process_and_holders_of_a_shared_
     alloc = DeviceAllocations(ts=snap.ts, devices={g0: (vllm,), g1: (a, b)})
     m = scrape(fed([attach(snap, alloc)]))
     owner = {"namespace": "serving", "pod": "vllm-llama-0", "container": "vllm"}
-    assert m.value("vgpumon_gpu_memory_used_bytes", **_gpu(0), **owner) is not None
-    assert m.value("vgpumon_gpu_memory_used_bytes", **_gpu(1)) is not None  # shared: no owner labels
+    for name in ("vgpumon_gpu_memory_used_bytes", "vgpumon_gpu_up", "vgpumon_gpu_xid_events_total"):
+        assert {tuple(sorted(lab)) for lab, _ in m.series(name)} <= {("gpu", "hostname", "uuid"), ("gpu", "hostname", "uuid", "xid")}, name
+    assert ({**_gpu(0), **owner}, 1.0) in m.series("vgpumon_gpu_kubernetes_holder_info")
     assert m.value("vgpumon_gpu_kubernetes_holders", **_gpu(1)) == 2.0
+    moved = PodContainer("serving", "vllm-llama-1", "vllm")  # rescheduled: a new pod on the same GPU
+    after = scrape(fed([attach(snap, DeviceAllocations(ts=snap.ts, devices={g0: (moved,), g1: (a, b)}))]))
+    for name in ("vgpumon_gpu_memory_used_bytes", "vgpumon_gpu_up", "vgpumon_gpu_xid_events_total"):
+        assert [lab for lab, _ in after.series(name)] == [lab for lab, _ in m.series(name)], name  # the same series
+    assert [lab["pod"] for lab, _ in after.series("vgpumon_gpu_kubernetes_holder_info") if lab["gpu"] == "0"] == ["vllm-llama-1"]
     assert sorted(lab["pod"] for lab, _ in m.series("vgpumon_gpu_kubernetes_holder_info") if lab["gpu"] == "1") == ["nb-alice", "nb-bob"]
     proc = {**_gpu(0), "pid": str(pid), "command": "python3", **owner}
     assert m.value("vgpumon_gpu_process_memory_used_bytes", **proc) == float(1 << 30)
@@ -161,6 +169,13 @@ class _Rules:
             AlertSample("VllmDead", "critical", "resolved", {"server": "127.0.0.1:8000"}),
         ]
 
+    def unknown(self):
+        return [
+            UnknownSample("GpuStuck", "critical", "not_supported", {"gpu": "0", "uuid": H200}),
+            UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "11"}),
+            UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "12"}),
+        ]
+
     def memory_slopes(self):
         return {H200: 3472.2}
 
@@ -173,6 +188,12 @@ def test_rules_feed_alerts_and_leak_slope(workload):
                    state="pending", gpu="0", uuid=H200) == 1.0
     assert [lab for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VllmDead"] == []  # resolved: gone
     assert m.value("vgpumon_gpu_memory_used_slope_bytes_per_second", **IDENTITY) == 3472.2
+    assert m.value("vgpumon_rule_unknown", hostname="h200-replay", rule="GpuStuck", severity="critical",
+                   reason="not_supported", gpu="0", uuid=H200) == 1.0
+    # two processes of one GPU that cannot be judged yet: one series of that GPU, no pid label
+    leaks = [lab for lab, _ in m.series("vgpumon_rule_unknown") if lab["rule"] == "GpuProcessMemoryLeak"]
+    assert leaks == [{"hostname": "h200-replay", "rule": "GpuProcessMemoryLeak", "severity": "warning",
+                      "reason": "warming_up", "gpu": "0", "uuid": H200}], leaks
     plain = scrape(fed(workload[:3]))
     assert plain.series("vgpumon_alerts") == [] and plain.series("vgpumon_gpu_memory_used_slope_bytes_per_second") == []
 
@@ -184,6 +205,23 @@ def test_agent_health_before_the_first_tick_and_after(workload):
     m = scrape(fed(workload[:2]))
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="nvml") == 1.0
     assert m.value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml") == workload[1].ts
+
+
+def test_a_replay_serves_its_last_success_on_the_wall_clock_prometheus_compares_with(workload):
+    """The recorded H200 capture replayed (its ticks carry their capture time, days before
+    today): Prometheus compares vgpumon_agent_source_last_success_timestamp_seconds with its own
+    time(), so a capture-time stamp made VgpumonSourceSilent{source="nvml"} fire for the whole
+    replay while the agent, judging in data time, saw NVML answer every tick. A replay's stamp
+    is moved to the wall clock the tick was taken in at; a live agent's is served as read."""
+    clock = {"now": 1_900_000_000.0}  # the replay's wall clock, long after the capture
+    ex = MetricsExporter(hostname="h200-replay", monotonic=FakeClock(0.0), wall=lambda: clock["now"])
+    for k, snap in enumerate(workload[:5]):
+        clock["now"] = 1_900_000_000.0 + k
+        ex.observe(snap)
+    served = scrape(ex).value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml")
+    assert workload[4].ts < 1_800_000_000 and served == pytest.approx(1_900_000_004.0)  # the age Prometheus sees: 0 s
+    live = scrape(fed(workload[:5])).value("vgpumon_agent_source_last_success_timestamp_seconds", hostname="h200-replay", source="nvml")
+    assert live == workload[4].ts
 
 
 def test_our_text_is_prometheus_clients_text_of_the_same_registry(eight):
@@ -276,8 +314,39 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     owner = {"namespace": "serving", "pod": "vllm-llama-0", "container": "vllm"}
     assert agent.latest.kubernetes.gpus[H200].labels() == owner
     m = scrape(ex)
-    assert m.value("vgpumon_gpu_up", **IDENTITY, **owner) is not None
+    assert m.value("vgpumon_gpu_up", **IDENTITY) is not None
+    assert m.value("vgpumon_gpu_kubernetes_holder_info", **IDENTITY, **owner) == 1.0
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0
+
+
+def test_a_gpu_without_gpm_is_served_as_rules_that_cannot_judge_not_as_silence(tmp_path):
+    """The recorded H200 copy without GPM (16 s): GpuStuck and GpuMemoryHeldIdle can never fire
+    on it. /metrics says so with the agent's own verdict, one series per rule and GPU with a
+    bounded reason, and VgpumonRuleCannotJudge is on its way for them (pending: its 15 min have
+    not passed), never for the leak rule that only waits for its hours of history."""
+    from vgpumon.agent import Agent
+    from vgpumon.alerts.runner import RuleRunner
+    from vgpumon.alerts.sinks import LogSink
+    from vgpumon.rules.core import UNKNOWN_CODES
+    from vgpumon.sources.nvml import NvmlSource
+    from vgpumon.store import open_store
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    runner = RuleRunner(sinks=[LogSink()], wall=None)
+    agent = Agent(NvmlSource(ReplayBackend(DATA / "h200-nogpm-copy.jsonl.gz")), store, hostname="h", paced=False, rules=runner)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    m = Scrape(MetricsExporter.for_agent(agent, ExporterConfig(listen="off"), rules=runner).render().decode())
+    unknown = {lab["rule"]: lab for lab, _ in m.series("vgpumon_rule_unknown")}
+    assert unknown["GpuStuck"]["reason"] == unknown["GpuMemoryHeldIdle"]["reason"] == "not_supported", unknown
+    assert unknown["GpuStuck"]["gpu"] == "0" and unknown["GpuStuck"]["severity"] == "critical"
+    assert unknown["GpuMemoryLeak"]["reason"] == "warming_up"
+    assert "GpuXidCritical" not in unknown and "GpuLost" not in unknown  # judged: ok, not unknown
+    assert {lab["reason"] for lab in unknown.values()} <= set(UNKNOWN_CODES), unknown  # never "other" here
+    blind = {lab["rule"]: lab["state"] for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VgpumonRuleCannotJudge"}
+    assert blind.get("GpuStuck") == blind.get("GpuMemoryHeldIdle") == "pending", blind
+    assert "GpuMemoryLeak" not in blind and "GpuXidCritical" not in blind, blind
 
 
 def test_the_agents_rule_engine_feeds_vgpumon_alerts(tmp_path):

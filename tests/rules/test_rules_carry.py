@@ -174,9 +174,9 @@ def test_rules_catching_up_after_an_outage_see_the_counts_folded_into_rollups(tm
     seen: list[tuple[float, object]] = []
     evaluate = runner.engine.evaluate
 
-    def spy(view, due):
+    def spy(view, due, newest=None):
         seen.append((view.at, view.last_values(g0, (col,))[col]))
-        return evaluate(view, due)
+        return evaluate(view, due, newest)
 
     runner.engine.evaluate = spy  # type: ignore[method-assign]
     runner._evaluate()

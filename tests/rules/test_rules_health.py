@@ -244,3 +244,67 @@ def test_a_source_that_stopped_reporting_is_its_own_alert(tmp_path, stopped):
     if stopped:
         (host,) = [a for a in alerts if a.name == "VgpumonSourceSilent" and a.labels["source"] == "host"]
         assert host.description == "The host source's newest host sample is 3 min old (limit 2 min)."
+
+
+# -- collector faults reach every face ------------------------------------------------------------
+
+
+def _copy_with_gpm_zero(first: int, last: int, until: int | None = None) -> tuple[dict, list]:
+    """3 min of the recorded copy, the throughput call reading 59.6 GB/s (what it read on this
+    H200, FACTS §1) on every tick, and GPM's PCIe at 0 B/s on ticks ``first`` … ``last - 1``
+    (the failure seen in another exporter); cut after tick ``until``."""
+    header, ticks = copy_phase(minutes=3)
+    for t in ticks:
+        if t["tick"] >= 0:
+            reading = {"v": {"tx_KBps": 20_000, "rx_KBps": 59_600_000, "ts": t["ts"] - 0.5}}
+            header, ticks = scenarios.set_call(header, ticks, 0, "pcie_throughput", reading, at=[t["tick"]], kwargs={"period": 10.0})
+    if last > first:
+        header, ticks = scenarios.edit_call(header, ticks, 0, "gpm", lambda m: {**m, "20": 0.0, "21": 0.0},
+                                            at=list(range(first, last)), args=([2, 3, 5, 10, 20, 21],))
+    if until is not None:
+        ticks = [t for t in ticks if t["tick"] <= until]
+    return {**header, "slow_every": 2}, ticks  # a cross-check every other tick
+
+
+def test_a_collector_fault_is_a_finding_an_alert_and_a_series(tmp_path):
+    """The recorded copy with GPM reading 0 B/s for 90 s while the throughput call reads
+    59.6 GB/s: the agent withholds GPM's PCIe figures. The fault was only a log line and an
+    event, and diagnose said OK. Now VgpumonCollectorFault fires in the agent while the figures
+    are withheld and resolves once a cross-check agrees; a report read after an agent stopped
+    mid-fault is a WARNING naming both figures; /metrics serves vgpumon_gpu_collector_fault 1
+    while it lasts, 0 before and after. Without the fault nothing fires."""
+    from conftest import read_all
+    from exporter_support import fed, scrape
+
+    from vgpumon.diagnose import build_report
+    from vgpumon.model import Snapshot
+    from vgpumon.store import Store
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, *_copy_with_gpm_zero(30, 120))
+    (episode,) = firing(stored_alerts(url), "VgpumonCollectorFault")
+    assert episode.labels["gpu"] == "0" and episode.resolved_at is not None  # cleared after GPM agreed again
+    assert "GPM PCIe RX 0.00 GB/s while nvmlDeviceGetPcieThroughput reads 59.60 GB/s" in (episode.description or "")
+
+    stopped = f"sqlite:///{tmp_path / 'stopped.db'}"  # the agent stopped mid-fault
+    replay(stopped, *_copy_with_gpm_zero(30, 120, until=90))
+    store = Store(stopped)
+    try:
+        report = build_report(store, "h", window_seconds=120)
+    finally:
+        store.close()
+    assert report["status"] == "warning", report["verdict"]
+    (finding,) = [f for f in report["findings"] if f["alert"] == "VgpumonCollectorFault"]
+    assert finding["severity"] == "warning" and "withheld, not zero" in finding["message"], finding
+    assert "59.60 GB/s" in finding["message"]
+
+    header, ticks = _copy_with_gpm_zero(30, 120)
+    src, readings = read_all(scenarios.backend(header, ticks), slow_every=2)
+    uuid = src.gpus[0].uuid
+    faults = [scrape(fed([Snapshot(ts=r.ts, hostname="h", gpus=src.gpus, samples=r.samples)])).value(
+        "vgpumon_gpu_collector_fault", hostname="h200-replay", gpu="0", uuid=uuid) for r in readings]
+    assert faults[10] == 0.0 and faults[-1] == 0.0 and faults.count(1.0) >= 60, faults
+
+    clean = f"sqlite:///{tmp_path / 'clean.db'}"
+    replay(clean, *_copy_with_gpm_zero(0, 0))
+    assert firing(stored_alerts(clean), "VgpumonCollectorFault") == []

@@ -211,8 +211,10 @@ def test_a_start_ready_within_a_minute_is_ready(tmp_path):
 T0 = 1_800_000_000.0
 
 
-def _start(pid: int, began: float, prewarm: float, ttft: Callable[[float], float | None] = lambda age: None, polls: int = 40):
-    """Polls of one start (every 30 s from ready): ready ``prewarm`` after its process began."""
+def _start(pid: int, began: float, prewarm: float, ttft: Callable[[float], float | None] = lambda age: None, polls: int = 40,
+           flagged: Callable[[float], dict[str, str]] = lambda age: {}):
+    """Polls of one start (every 30 s from ready): ready ``prewarm`` after its process began;
+    ``flagged``: the histograms flagged unreliable at each age."""
     ident = InstanceIdentity(host="127.0.0.1", port=8000, url="http://127.0.0.1:8000", origin="discovered", pid=pid,
                              process_start=began, first_seen=began)
     ready = began + prewarm
@@ -220,7 +222,8 @@ def _start(pid: int, began: float, prewarm: float, ttft: Callable[[float], float
     for k in range(polls):
         t = ready + 30 * k
         out.append(ServerSample(instance=ident, ts=t, state=S.BUSY, reason="serving", model_names=("tiny",), ready_ts=ready,
-                                first_connect_ts=ready, prewarm_seconds=prewarm, ttft_p95_seconds=ttft(t - ready), telemetry="full"))
+                                first_connect_ts=ready, prewarm_seconds=prewarm, ttft_p95_seconds=ttft(t - ready), telemetry="full",
+                                latency_unreliable=flagged(t - ready)))
     return out
 
 
@@ -242,6 +245,18 @@ def test_traffic_before_warm_up(tmp_path, early, fires):
     f = evaluate(tmp_path, samples, "VllmTrafficBeforeWarm")
     assert f.state == ("firing" if fires else "ok")
     assert f.evidence["steady"] == "0.40 s"
+
+
+def test_flagged_ttft_never_feeds_traffic_before_warm_up(tmp_path):
+    """The same 47 s early TTFT, but its polls' TTFT histogram flagged unreliable (the broken
+    timer of the vLLM 0.5.3 class: every observation in the lowest bucket, a _sum far too small):
+    those quantiles cannot be true, so the rule does not fire from them. The flag is stored with
+    the samples and read back by the rule, as in the agent."""
+    why = "p50 0.05 s above what the mean 7.29e-05 s allows (0.000146 s); all 8060 in the lowest bucket (≤ 0.1 s)"
+    samples = _start(1, T0, 60.0, ttft=lambda age: 47.0 if age < 120 else 0.4, flagged=lambda age: {"ttft": why} if age < 120 else {})
+    f = evaluate(tmp_path, samples, "VllmTrafficBeforeWarm")
+    assert f.state == "ok", f
+    assert f.value == 0.4 and f.evidence["early"] == "0.4 s"  # the worst early TTFT it trusts: the polls not flagged
 
 
 # -- KV cache -------------------------------------------------------------------------------------

@@ -101,6 +101,38 @@ def test_refused_for_5s_then_ready_gives_prewarm_within_one_poll():
     run(t, interval=0.7)
 
 
+def test_health_200_alone_is_not_ready_until_the_model_is_listed_or_its_metrics_serve():
+    """An API process that answers /health 200 while it lists no model and serves no vllm:
+    metric (a router in front of an engine still loading) stays starting, saying why; it is
+    ready at the poll that lists its model, and its prewarm ends there, not at the first 200.
+    The second server serves the recorded 0.32 idle metrics and lists no model yet: its vllm:
+    metrics alone make it ready at its first 200."""
+
+    async def t(rig: Rig) -> None:
+        rig.server.models, rig.server.metrics = [], "# nothing yet\n"
+        await rig.start_server()
+        early = [await rig.one() for _ in range(4)]
+        assert {s.state for s in early} == {S.STARTING}, [(s.state, s.reason) for s in early]
+        assert all(s.health_status == 200 for s in early)
+        assert early[-1].reason == "/health 200, but no model listed by /v1/models and no vllm: metrics yet"
+        listed_at = rig.clock.now
+        rig.server.models = ["tiny"]
+        ready = await rig.one()
+        assert ready.state == S.READY and ready.ready_ts == listed_at and ready.model_names == ("tiny",)
+        assert ready.prewarm_seconds == pytest.approx(listed_at - rig.t0)
+        assert ready.first_connect_ts is not None and ready.first_connect_ts < ready.ready_ts
+
+    run(t)
+
+    async def metrics_only(rig: Rig) -> None:
+        rig.server.models, rig.server.metrics = [], _capture("vllm-0.32.0-cpu__idle.txt")
+        await rig.start_server()
+        first = await rig.one()
+        assert first.state == S.READY and first.health_status == 200
+
+    run(metrics_only)
+
+
 def test_process_gone_before_ready_is_failed_to_start():
     async def t(rig: Rig) -> None:
         assert (await rig.one()).state is S.STARTING

@@ -287,6 +287,26 @@ def test_quantiles_a_broken_timer_gives_are_kept_but_flagged_unreliable():
     assert latency_for_alerts(smp, "ttft", 99) is None
 
 
+def test_identical_buckets_without_a_sum_are_flagged():
+    """The broken timer's histogram as an exposition without _sum (some builds, some proxies
+    drop it): every bucket counts the same 8060, all in the lowest (≤ 0.1 s). Its quantiles
+    are interpolation inside that bucket (p50 0.05 s whatever the truth) and no _sum can check
+    them: flagged, so no latency rule reads them. A spread histogram without _sum is not."""
+    def without_sum(text: str) -> str:
+        return "".join(ln + "\n" for ln in text.splitlines() if "_sum" not in ln)
+
+    d = IntervalDeriver()
+    d.step(0.0, parse_metrics(without_sum(_ttft_with_sum(8060, 0.5871782302856445))))
+    out = d.step(1.0, parse_metrics(without_sum(_ttft_with_sum(16120, 1.1743564605712890))))
+    assert out["ttft_p50_seconds"] == pytest.approx(0.05)
+    assert out["latency_unreliable"]["ttft"] == (
+        "all 8060 in the lowest bucket (≤ 0.1 s) and no _sum to check them by: the quantiles only interpolate inside it")
+    spread = {le: (0 if le == "0.1" else 10) for le in _BROKEN_BOUNDS}
+    d = IntervalDeriver()
+    d.step(0.0, parse_metrics(without_sum(_ttft_with_sum(0, 0.0, counts=dict.fromkeys(_BROKEN_BOUNDS, 0)))))
+    assert d.step(1.0, parse_metrics(without_sum(_ttft_with_sum(10, 0.0, counts=spread))))["latency_unreliable"] == {}
+
+
 def test_a_sum_outside_what_the_buckets_allow_is_flagged():
     """Negative durations (a timer mixing clocks) land in the first bucket and pull _sum below 0;
     a _sum above every observation's upper bound is as impossible."""

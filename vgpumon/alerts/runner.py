@@ -32,7 +32,8 @@ from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
 
 if TYPE_CHECKING:
-    from vgpumon.alerts.feed import AlertSample
+    from vgpumon.alerts.feed import AlertSample, UnknownSample
+    from vgpumon.rules.core import Finding
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class RuleRunner:
         self._slopes: dict[str, float] = {}
         self._published: list[AlertSample] = []
         self._published_alerts: list[dict[str, object]] = []
+        self._published_unknown: list[UnknownSample] = []
+        #: rule name → its findings at its newest evaluation (rules run at their own cadences)
+        self._newest: dict[str, list[Finding]] = {}
         #: data time of the newest evaluation (``None`` before the first)
         self.evaluated_at: float | None = None
         # a daemon thread: a read stuck on a silent store must not keep the process from exiting
@@ -167,13 +171,24 @@ class RuleRunner:
         ``alerts``, no evaluation or store query."""
         return self._published_alerts
 
+    def unknown(self) -> list["UnknownSample"]:
+        """Rules that cannot judge a subject as of their newest evaluation, as
+        ``vgpumon_rule_unknown`` serves them; published with ``alerts``."""
+        return self._published_unknown
+
     def _publish(self) -> None:
-        from vgpumon.alerts.feed import AlertSample
+        from vgpumon.alerts.feed import AlertSample, UnknownSample
+        from vgpumon.rules.core import unknown_code
 
         open_ = [a for a in self.book.open() if a.state in ("pending", "firing")]
         # each a new list, assigned once: read by the event loop's thread
         self._published = [AlertSample(alertname=a.name, severity=a.severity, state=a.state, labels=dict(a.labels)) for a in open_]
         self._published_alerts = [a.as_dict() for a in open_]
+        by_name = self.engine.by_name
+        self._published_unknown = [
+            UnknownSample(rule=f.rule, severity=by_name[f.rule].severity, reason=unknown_code(f.reason), labels=dict(f.labels))
+            for name, found in self._newest.items() if name in by_name for f in found if f.state == "unknown"
+        ]
 
     def memory_slopes(self) -> dict[str, float]:
         """GPU UUID → the memory-leak rule's newest Theil–Sen slope, bytes per second."""
@@ -213,7 +228,7 @@ class RuleRunner:
             wall = self.wall() if self.wall is not None and at == newest else at
             view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active(), gpus=gpus,
                             carry=carry)
-            findings = self.engine.evaluate(view, due)
+            findings = self.engine.evaluate(view, due, self._newest)
             slopes = {
                 f.labels["uuid"]: f.value / 86400.0  # the rule's figure is bytes per day
                 for f in findings

@@ -12,7 +12,7 @@ from rich.text import Text
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
 from vgpumon.base.fmt import duration
-from vgpumon.capacity.schema import GpuDirection, HostReview, Link, Review
+from vgpumon.capacity.schema import GpuCapacity, GpuDirection, HostReview, Link, Review
 
 
 def _rate(value: float | None) -> str:
@@ -54,8 +54,11 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
         return
     head.append(f" — {len(h['gpus'])} GPU{'' if len(h['gpus']) == 1 else 's'}; {duration(w['seconds'])} to {w['end'][:16].replace('T', ' ')} UTC, "
                 f"{h['minutes']} minute{'' if h['minutes'] == 1 else 's'} of 1-minute rollups")
-    if h["saturated"]:
-        head.append(f"; SATURATED: {', '.join(h['saturated'])}", style="bold red")
+    saturated = [*h["saturated"], *(f"GPU {i}" for i in h["saturated_gpus"])]
+    if saturated:
+        head.append(f"; SATURATED: {', '.join(saturated)}", style="bold red")
+    if h["impossible"]:
+        head.append(f"; IMPOSSIBLE (check topology and link speed): {', '.join(h['impossible'])}", style="bold magenta")
     out.print()
     out.print(head)
     t = Table("GPU", "max link (negotiated)", "TX p50 / p95 / p99 / max", "TX p95 of max", "RX p50 / p95 / p99 / max", "RX p95 of max",
@@ -66,8 +69,11 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
         if state["slot"]:
             st.append(f"; {state['slot']}", style="yellow")
         t.add_row(str(g["index"]), f"{_link(g['link_max'])} ({_link(g['link_negotiated'])})", _quartet(g["tx"]),
-                  _pct(g["tx"]["p95_share_of_max_link"]), _quartet(g["rx"]), _pct(g["rx"]["p95_share_of_max_link"]), st)
+                  _card_share(g, "tx"), _quartet(g["rx"]), _card_share(g, "rx"), st)
     print_figures(t, out, blank_line=False)  # whole figures at any width: blocks of lines where the table is too wide
+    for g in h["gpus"]:
+        if g["impossible"]:
+            out.print(Text(f"  GPU {g['index']}: IMPOSSIBLE, {g['impossible']}", style="magenta"))
     if not h["shared"]:
         out.print(Text(h["note"] or "no shared switch or root port above these GPUs", style="dim"))
         return
@@ -75,18 +81,37 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
               f"+{review['add_cards']} cards at p95", "headroom", title="Shared switch and root ports (the cards behind each share its link)",
               title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
     for p in h["shared"]:
-        style = "bold red" if p["saturated"] else ""
+        style = "bold red" if p["saturated"] else "bold magenta" if p["impossible"] else ""
         per_card = max((p[d]["per_card_p95_bytes_per_second"] or 0.0) for d in ("tx", "rx"))
         last = p["projections"][-1]["p95_share"] if p["projections"] else None
-        head_room = "none" if p["headroom_cards"] == 0 else ("unbounded (no load)" if p["headroom_cards"] is None else f"{p['headroom_cards']} cards")
+        head_room = "unknown" if p["impossible"] else "none" if p["headroom_cards"] == 0 else ("unbounded (no load)" if p["headroom_cards"] is None else f"{p['headroom_cards']} cards")
         s.add_row(f"{p['kind']} {p['port']}", _link(p["link_max"]), f"{p['cards']} ({', '.join(map(str, p['gpus']))})",
                   _rate(p["tx"]["p95_bytes_per_second"]), _rate(p["rx"]["p95_bytes_per_second"]),
-                  Text(_pct(p["p95_share"]) + (" SATURATED" if p["saturated"] else ""), style=style), _rate(per_card),
+                  Text(_pct(p["p95_share"]) + (" SATURATED" if p["saturated"] else " IMPOSSIBLE" if p["impossible"] else ""), style=style),
+                  _rate(per_card),
                   _pct(last), Text(head_room, style=style))
     print_figures(s, out, blank_line=False)
     for p in h["shared"]:
+        if p["impossible"]:
+            out.print(Text(f"  {p['kind']} {p['port']}: IMPOSSIBLE, {p['impossible']}", style="magenta"))
+    for p in h["shared"]:
         for proj in p["projections"]:
-            if proj["add"] == review["add_cards"] and proj["p95_share"] is not None:
+            if proj["add"] == review["add_cards"] and proj["p95_share"] is not None and not p["impossible"]:
                 out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
                           f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
                           + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))
+
+
+def _card_share(g: GpuCapacity, d: str) -> Text:
+    """A card's p95 share of its max link (``d``: tx or rx), marked SATURATED or IMPOSSIBLE on the
+    direction that decides it."""
+    share, other = (g["tx"], g["rx"]) if d == "tx" else (g["rx"], g["tx"])
+    mine, theirs = share["p95_share_of_max_link"], other["p95_share_of_max_link"]
+    text = _pct(mine)
+    if mine is None or (theirs is not None and theirs > mine):
+        return Text(text)
+    if g["impossible"]:
+        return Text(text + " IMPOSSIBLE", style="bold magenta")
+    if g["saturated"]:
+        return Text(text + " SATURATED", style="bold red")
+    return Text(text)

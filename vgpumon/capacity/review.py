@@ -17,7 +17,9 @@ How the figures are made (docs/capacity.md):
 * Projection: adding N cards that each carry the current per-card load (combined p95 ÷ cards)
   takes the port to combined p95 × (cards + N) ÷ cards. Headroom is the number of such cards
   that fit below the saturation ratio (the rules' ``pcie_saturation_ratio``, 80 %).
-* Shares use the max link as the denominator (FACTS §2), the negotiated link beside it.
+* Shares use the max link as the denominator (FACTS §2), the negotiated link beside it. A card
+  is saturated by the rules' test (TX or RX p95 at the saturation ratio); a share above 100 %
+  of a link is impossible (``IMPOSSIBLE_SHARE``), which names what to check, and never saturated.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ STATS = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "max": None}
 #: Points per series in the HTML plots (minutes are averaged down to this many).
 SERIES_POINTS = 600
 _LINK = ("pcie_link_gen_current_max", "pcie_link_width_current_max")
+#: A p95 above this share of a link is not a load but an error: no link carries more than its
+#: capacity, so the topology (which cards share it) or the link speed read for it is wrong.
+IMPOSSIBLE_SHARE = 1.0
 
 
 def _col(direction: str, stat: str) -> str:
@@ -80,6 +85,11 @@ def _window_stats(per_minute: Minutes, direction: str) -> WindowStats:
         return value
 
     return {"p50": one("p50"), "p95": one("p95"), "p99": one("p99"), "max": one("max")}
+
+
+def _worst(*shares: float | None) -> float | None:
+    known = [v for v in shares if v is not None]
+    return max(known) if known else None
 
 
 def _link_text(gen: int | None, width: int | None) -> str:
@@ -134,7 +144,8 @@ def review_host(
     Raises:
         StoreUnavailableError: the store cannot be read.
     """
-    out: HostReview = {"host": hostname, "window": None, "minutes": 0, "gpus": [], "shared": [], "saturated": [], "note": None}
+    out: HostReview = {"host": hostname, "window": None, "minutes": 0, "gpus": [], "shared": [], "saturated": [],
+                       "saturated_gpus": [], "impossible": [], "note": None}
     gpus = store.gpus_of(hostname)
     if not gpus:
         out["note"] = "host not in the store"
@@ -169,7 +180,18 @@ def review_host(
             "link_state": _link_state(ident, neg_gen, neg_width),
             "tx": _card(c, "tx", cap_max, cap_neg),
             "rx": _card(c, "rx", cap_max, cap_neg),
+            "saturated": False, "impossible": None,
         }
+        share = _worst(entry["tx"]["p95_share_of_max_link"], entry["rx"]["p95_share_of_max_link"])
+        if share is not None and share > IMPOSSIBLE_SHARE:
+            entry["impossible"] = (
+                f"p95 at {share * 100:.0f} % of its max link {_link_text(ident.pcie_link_gen_max, ident.pcie_link_width_max)}: "
+                "no link carries more than its capacity; check the max link NVML reports for it "
+                "(nvidia-smi -q, Max Link Gen/Width) and its PCIe readings")
+            out["impossible"].append(f"GPU {ident.index}")
+        elif share is not None and share >= saturation_ratio:  # GpuPcieSaturated's test, on the rollups
+            entry["saturated"] = True
+            out["saturated_gpus"].append(ident.index)
         if series:
             entry["series"] = {"tx": _series(c, "tx"), "rx": _series(c, "rx")}
         out["gpus"].append(entry)
@@ -189,6 +211,8 @@ def review_host(
         out["shared"].append(port)
         if port["saturated"]:
             out["saturated"].append(bdf)
+        if port["impossible"]:
+            out["impossible"].append(bdf)
     if not topology.hops:
         out["note"] = "no PCIe topology stored for this host (the agent reads it from sysfs at start): shared links unknown"
     return out
@@ -284,7 +308,11 @@ def _shared(hop: PcieHop, members: Sequence[StoredGpu], sums: Minutes, *, add_ca
         "gpus": sorted(g.identity.index for g in members), "cards": n,
         "tx": directions["tx"], "rx": directions["rx"],
         "p95_share": worst_share,
-        "saturated": worst_share is not None and worst_share >= saturation_ratio,
+        "saturated": worst_share is not None and saturation_ratio <= worst_share <= IMPOSSIBLE_SHARE,
+        "impossible": None if worst_share is None or worst_share <= IMPOSSIBLE_SHARE else (
+            f"p95 at {worst_share * 100:.0f} % of the {_link_text(hop.link_gen_max, hop.link_width_max)} link of {hop.bdf}: no link "
+            f"carries more than its capacity; check the topology stored for it (GPUs {', '.join(str(g.identity.index) for g in members)} "
+            "below it: lspci -tv) and its link speed and width (sysfs max_link_speed, max_link_width)"),
         "saturation_ratio": saturation_ratio,
         "projections": [
             {"add": k, "p95_share": None if worst_share is None or not n else worst_share * (n + k) / n}

@@ -64,6 +64,8 @@ class _GpuCapacity(TypedDict):
     link_state: LinkState
     tx: GpuDirection
     rx: GpuDirection
+    saturated: bool  # TX or RX p95 at or above the saturation ratio of the max link (GpuPcieSaturated's test)
+    impossible: str | None  # a p95 above the max link: what to check (the link speed, the readings)
 
 
 class GpuCapacity(_GpuCapacity, total=False):
@@ -96,7 +98,8 @@ class _SharedPort(TypedDict):
     tx: SharedDirection
     rx: SharedDirection
     p95_share: float | None  # the worse direction
-    saturated: bool
+    saturated: bool  # never when impossible
+    impossible: str | None  # a p95 above 100 % of the link: the topology or link speed to check
     saturation_ratio: float
     projections: list[Projection]  # add = 1 … --add
     headroom_cards: int | None  # None: no bound (no load, or the link unknown)
@@ -117,6 +120,8 @@ class HostReview(TypedDict):
     gpus: list[GpuCapacity]
     shared: list[SharedPort]
     saturated: list[str]  # ports
+    saturated_gpus: list[int]  # cards saturating their own link
+    impossible: list[str]  # ports, and "GPU <index>", whose p95 is above their link's capacity
     note: str | None
 
 

@@ -129,6 +129,20 @@ DERIVED: tuple[Field, ...] = (
         "the rules engine (RulesFeed.alerts)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_alerts",
         label="alerts", note="value 1; a resolved alert has no series (docs/exporter.md)",
     ),
+    _derived(
+        "collector_fault", "flag", "bool",
+        "1 while the collector withholds the GPU's readings it found false (GPM PCIe against nvmlDeviceGetPcieThroughput).",
+        "GpuSample.missing reasons 'collector fault: …' (vgpumon.sources.nvml.crosscheck)", BOOL, lo=0, hi=1,
+        prometheus="vgpumon_gpu_collector_fault", display="yes_no", label="collector fault",
+        note="absent while the GPU is not readable; VgpumonCollectorFault fires on it (docs/rules.md)",
+    ),
+    _derived(
+        "rule_unknown", "state", "bool",
+        "One series per rule and subject the agent's rules engine cannot judge (labels rule, severity, reason).",
+        "the rules engine (RulesFeed.unknown)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_rule_unknown",
+        label="rules that cannot judge",
+        note="value 1; reason is a code: not_supported, not_reported, no_data, warming_up, rule_failed, other (docs/rules.md)",
+    ),
 )
 
 AGENT: tuple[Field, ...] = (
@@ -148,7 +162,7 @@ AGENT: tuple[Field, ...] = (
     ),
     _agent(
         "source_last_success_timestamp_seconds", "gauge", "seconds",
-        "When the source last answered (seconds since the epoch; a replay's are the capture's).",
+        "When the source last answered (seconds since the epoch; in a replay, the wall time its tick was taken in).",
         "SourceStatus.last_success_ts", SECONDS_MS, lo=0, hi=_EPOCH_MAX,
         prometheus="vgpumon_agent_source_last_success_timestamp_seconds", label="last success",
     ),

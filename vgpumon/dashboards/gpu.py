@@ -43,6 +43,13 @@ def against_capacity(direction: str, title: str):
               unit=unit(f"vgpumon_gpu_pcie_{direction}_bytes_per_second"), dashed=".* capacity")
 
 
+#: How long the fleet tiles count a stopped host's GPUs as not readable: the look-back over
+#: which its GPUs are still known (a subquery at 1 min steps: a day costs 1440 lookups a GPU).
+KNOWN = "1d"
+NOT_READABLE = (f"count((vgpumon_gpu_up{GPU} == 0) or (last_over_time(vgpumon_gpu_info{GPU}[{KNOWN}:1m]) "
+                f"unless on (hostname, uuid) vgpumon_gpu_info{GPU}))")
+
+
 def fleet():
     return make(
         "vgpumon-gpu-fleet", "GPU fleet",
@@ -50,10 +57,12 @@ def fleet():
         ["gpu"], variables(*GPU_VARS),
         [
             ("Fleet now", [
-                stat("GPUs readable", "GPUs that answered NVML at their newest tick.",
-                     Q(f"sum(vgpumon_gpu_up{GPU})"), unit="short"),
+                stat("GPUs readable", "GPUs that answered NVML at their newest tick, now (a stopped agent's GPUs are "
+                     "not counted, not held at their last value).",
+                     Q(f"sum(vgpumon_gpu_up{GPU})", instant=True), unit="short", no_value="0"),
                 stat("GPUs not readable", "GPUs the agent could not read (lost, reset, wedged), or whose newest tick is "
-                     "older than three intervals.", Q(f"sum(vgpumon_gpu_up{GPU} == bool 0)"), unit="short",
+                     "older than three intervals; and the GPUs of a host whose agent stopped reporting, for a day "
+                     "after its series went.", Q(NOT_READABLE, instant=True), unit="short", no_value="0",
                      thresholds=[(None, "green"), (1, "red")]),
                 stat("Hosts", "Hosts whose agent serves GPUs.", Q(f"count(count by (hostname) (vgpumon_gpu_info{GPU}))"), unit="short"),
                 stat("Agents with a source down", "Agents where a source (NVML, host, vLLM, kubelet) did not answer.",
@@ -96,6 +105,10 @@ def fleet():
                    Q(f"vgpumon_gpu_remapped_rows_failure{GPU}", BY_GPU + " failed"), unit="none", maps=yes_no(), max_=1),
                 table("Firing alerts", "Alerts the agents' rules engine holds as firing.",
                       Q('vgpumon_alerts{hostname=~"$host", state="firing"}'), unit="none", hide=("Time", "__name__", "Value")),
+                table("Rules that cannot judge", "Rules the agents' engine cannot judge for a GPU or source, and why "
+                      "(reason: not_supported, not_reported, no_data, warming_up, rule_failed): their alerts cannot fire there, "
+                      "so their silence is not health (VgpumonRuleCannotJudge; docs/exporter.md).",
+                      Q('vgpumon_rule_unknown{hostname=~"$host"}'), unit="none", hide=("Time", "__name__", "Value")),
             ]),
         ],
     )

@@ -37,9 +37,10 @@ HEALTH_AREAS: dict[str, tuple[str, ...]] = {
     "xid": ("GpuXidCritical", "GpuXidWarning", "GpuXidOther", "GpuXidRepeated"),
 }
 # GpuStraggler compares a GPU with its siblings under production load: a finding about the
-# host's balance, not a verdict on the board's own health (docs/rules.md, "Stragglers")
+# host's balance, not a verdict on the board's own health (docs/rules.md, "Stragglers");
+# VgpumonCollectorFault is the collector's own fault: a finding about vgpumon, not the GPU
 NOT_HEALTH = ("GpuMemoryNearlyFull", "GpuMemoryHeldIdle", "GpuMemoryLeak", "GpuProcessMemoryLeak", "GpuPcieSaturated",
-              "GpuStraggler")
+              "GpuStraggler", "VgpumonCollectorFault")
 _AREA_OF = {rule: area for area, rules in HEALTH_AREAS.items() for rule in rules}
 
 
@@ -232,7 +233,8 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Mapping[str, str]) -> dict[str, AreaHealth]:
+def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Mapping[str, str],
+           down: str | None = None) -> dict[str, AreaHealth]:
     """Health per area of one GPU, as DCGM's health watches report it.
 
     Args:
@@ -240,6 +242,10 @@ def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Ma
             ``pending``, ``ok`` or ``unknown``.
         severities: rule name → severity (critical, warning, info).
         reasons: rule name → why it is unknown.
+        down: ``GPU lost`` or ``GPU unreadable`` when NVML cannot read the GPU at the window's
+            end: its other areas would be judged from the readings before, which say nothing of
+            it now, so those that would PASS are UNKNOWN with that reason; an area with a firing
+            or pending alert keeps it (the alert is the agent's verdict, XID 79 beside a loss).
 
     Returns:
         area → ``{"status": "PASS"|"WARN"|"FAIL"|"UNKNOWN", "rules": {rule: state}, "reason": str | None}``:
@@ -261,6 +267,8 @@ def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Ma
         else:
             status = "UNKNOWN"
         reason = next((reasons[r] for r in rules if r in reasons), None) if status == "UNKNOWN" else None
+        if down is not None and area != "readable" and status in ("PASS", "UNKNOWN"):
+            status, reason = "UNKNOWN", down
         out[area] = {"status": status, "rules": here, "reason": reason}
     return out
 

@@ -314,7 +314,9 @@ def _health(report: Report, out: Console) -> None:
         for a in areas:
             h = g["health"][a]
             cell = Text(h["status"], style=HEALTH_STYLE[h["status"]])
-            cell.append(f" {_health_note(g, a)}", style="")
+            # a GPU NVML cannot read: its areas' last readings are no evidence, the reason is
+            lost = a != "readable" and not g["readable"]["now"] and h["status"] == "UNKNOWN"
+            cell.append(f" ({h['reason']})" if lost else f" {_health_note(g, a)}", style="")
             cells.append(cell)
         t.add_row(str(g["index"]), *cells)
     _print_figures(t, out)

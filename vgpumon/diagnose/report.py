@@ -234,6 +234,7 @@ def build_report(
     from vgpumon.rules.catalogue import BY_NAME
     from vgpumon.rules.engine import Engine
     from vgpumon.rules.gpu import CRITICAL_XIDS, WARNING_XIDS, down_reasons
+    from vgpumon.rules.source import CANNOT_JUDGE
     from vgpumon.rules.view import HostView
     from vgpumon.store.alerts import AlertRepository
 
@@ -243,7 +244,9 @@ def build_report(
     down = view.down_since()
     reasons = down_reasons(view, th) if down else {}
     repo = AlertRepository(store.engine)
-    episodes = [*repo.history(hostname, look, end), *repo.open_alerts(hostname)]
+    # VgpumonRuleCannotJudge says what rules_unknown and each GPU's rules_unknown list in full
+    # (which rule, which subject, why): as an alert it would only repeat them
+    episodes = [a for a in (*repo.history(hostname, look, end), *repo.open_alerts(hostname)) if a.name != CANNOT_JUDGE]
     stored_since = {a.fingerprint: a.active_since for a in episodes
                     if a.active_since <= end and (a.resolved_at is None or a.resolved_at >= end - _EPISODE_SLACK_S)}
     xid_lookback = min(look, end - th.xid_window_seconds)
@@ -260,7 +263,7 @@ def build_report(
                 out.setdefault(code, []).append(ts)
         return out
 
-    open_alerts = book.open()
+    open_alerts = [a for a in book.open() if a.name != CANNOT_JUDGE]
     states: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
     severities = {r.name: r.severity for r in engine.rules}
     unknown_reasons: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
@@ -319,7 +322,8 @@ def build_report(
         block = gpu_block(store, g, start, end, aggs[g.id], topology=topology, index_of=index_of,
                           rejected=rejected.get(f"gpu:{u}"), down=(down[g.id], reasons.get(g.id, "unreadable")) if g.id in down else None,
                           last=lasts[g.id], xid_counts=xid_counts, rules_unknown=unknown_reasons[u],
-                          areas=health(st, severities, unknown_reasons[u]))
+                          areas=health(st, severities, unknown_reasons[u],
+                                       down=None if g.id not in down else "GPU lost" if g.id in lost_firing else "GPU unreadable"))
         if not block["samples"]:
             findings.append(own("unknown", f"no samples in the window ({duration(window_seconds)})", gpu=g.identity, kind="no_samples"))
         for field, (count, reason) in sorted((rejected.get(f"gpu:{u}") or {}).items()):

@@ -18,15 +18,19 @@ What a scrape serves, and why (docs/exporter.md has the full label policy):
   energy counter is read on every sixth slow tick only). A slow field the GPU answered "not
   supported" (or a GPU going down) clears it.
 * **Identity in ``_info`` gauges, few labels elsewhere.** Every GPU series carries ``hostname``,
-  ``gpu`` (NVML index) and ``uuid`` (as dcgm-exporter, lower case), plus ``namespace``/``pod``/
-  ``container`` when the kubelet names one owner; product name, serial, bus id are labels of
-  ``vgpumon_gpu_info`` only.
+  ``gpu`` (NVML index) and ``uuid`` (as dcgm-exporter, lower case), and nothing else that can
+  change: product name, serial, bus id are labels of ``vgpumon_gpu_info`` only, and the
+  kubelet's ``namespace``/``pod``/``container`` of ``vgpumon_gpu_kubernetes_holder_info`` only
+  (joined ``on (hostname, uuid)``), so a pod moving to another GPU or a GPU to another pod
+  neither splits a GPU's series nor makes its XID counters new series. GPU process series keep
+  their own owner's labels: a process lives in one container.
 * **XIDs are counted per code** (``vgpumon_gpu_xid_events_total{xid}``), the codes of
   ``catalogue.gpu.XID_NAMES`` from 0 so that ``increase()`` sees their first event.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -35,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from vgpumon import __version__
-from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, RulesFeed
+from vgpumon.alerts.feed import ALERT_STATES, ALERT_SUBJECT_LABELS, UNKNOWN_SUBJECT_LABELS, RulesFeed
 from vgpumon.base.listen import ExporterConfig
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.exporter.plans import (
@@ -44,6 +48,7 @@ from vgpumon.exporter.plans import (
     BACKLOG,
     BUILD_INFO,
     CAPACITY,
+    COLLECTOR_FAULT,
     FAMILIES,
     GPU_FAST,
     GPU_INFO,
@@ -59,6 +64,7 @@ from vgpumon.exporter.plans import (
     REASONS,
     REJECTED,
     ROWS_FOLDED,
+    RULE_UNKNOWN,
     SHARE,
     SLOPE,
     SLOW_NAMES,
@@ -136,6 +142,10 @@ class MetricsExporter(VllmSeries, Collector):
         backlog: the agent's ``Backlog`` (spool depth).
         topology: returns the host's PCIe topology, or ``None`` when it was not read.
         monotonic: the clock that ages ticks (the agent's).
+        wall: for a replay, the wall clock: the capture-time stamps the exporter serves
+            (the NVML source's last success) are moved by ``wall() − tick time`` measured as
+            each tick is taken in, so Prometheus, which compares them with its own now, sees
+            the ages the agent's rules see in data time; ``None`` (live) serves them as read.
     """
 
     def __init__(
@@ -152,6 +162,7 @@ class MetricsExporter(VllmSeries, Collector):
         backlog: "Backlog | None" = None,
         topology: Callable[[], "PcieTopology | None"] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.hostname = hostname
         self.interval = interval
@@ -164,6 +175,8 @@ class MetricsExporter(VllmSeries, Collector):
         self.backlog = backlog
         self.topology = topology
         self.monotonic = monotonic
+        self.wall = wall
+        self._offset = 0.0  # wall − data time of the newest tick (a replay's), else 0
         self._order = [n for n in FAMILIES if selection is None or n in selection]
         self._snap: Snapshot | None = None
         self._received = 0.0
@@ -187,7 +200,7 @@ class MetricsExporter(VllmSeries, Collector):
         exporter = cls(
             hostname=agent.hostname, interval=agent.interval, config=config, selection=selection, vllm=agent.vllm,
             host_source=agent.host, rules=rules, stats=agent.stats, backlog=agent.backlog,
-            topology=lambda: agent.topology, monotonic=agent.monotonic,
+            topology=lambda: agent.topology, monotonic=agent.monotonic, wall=None if agent.paced else time.time,
         )
         agent.observers.append(exporter.observe)
         return exporter
@@ -199,6 +212,8 @@ class MetricsExporter(VllmSeries, Collector):
         may be rendering on the event loop: what a scrape reads is replaced whole, never changed
         in place)."""
         self._received = self.monotonic()
+        if self.wall is not None:
+            self._offset = self.wall() - snap.ts
         if snap.host is not None:
             self._host = snap.host
         slow: dict[str, dict[str, float]] | None = None
@@ -263,11 +278,11 @@ class MetricsExporter(VllmSeries, Collector):
 
     # -- GPUs ------------------------------------------------------------------------------------
 
-    def _gpu_base(self, g: GpuIdentity, owner: Mapping[str, str]) -> Labels:
-        key = ("gpu", g.index, g.uuid, tuple(owner.items()))
+    def _gpu_base(self, g: GpuIdentity) -> Labels:
+        key = ("gpu", g.index, g.uuid)
         labels = self._labels.get(key)
         if labels is None:
-            labels = self._labels[key] = Labels((("hostname", self.hostname), ("gpu", str(g.index)), ("uuid", g.uuid), *owner.items()))
+            labels = self._labels[key] = Labels((("hostname", self.hostname), ("gpu", str(g.index)), ("uuid", g.uuid)))
         return labels
 
     def _gpus(self, fams: dict[str, Family], snap: Snapshot, fresh: bool) -> None:
@@ -277,8 +292,8 @@ class MetricsExporter(VllmSeries, Collector):
         host = self._host
         for g, s in zip(snap.gpus, snap.samples):
             attribution = k8s.gpus.get(g.uuid) if k8s is not None else None
-            base = self._gpu_base(g, attribution.labels() if attribution is not None else {})
-            plain = self._gpu_base(g, {})
+            # the owner is on the holder info series only: never on the readings, counters or up
+            base = plain = self._gpu_base(g)
             if (fam := fams.get(GPU_INFO)) is not None:
                 info = self._labels.get(("info", g))
                 if info is None:
@@ -308,6 +323,8 @@ class MetricsExporter(VllmSeries, Collector):
             if not up:
                 continue
             add_values(fams, base, s, GPU_FAST)
+            if (fam := fams.get(COLLECTOR_FAULT)) is not None:  # readings the collector found false and withholds
+                fam.add(base, 1.0 if any(why.startswith("collector fault") for why in s.missing.values()) else 0.0)
             slow = self._slow.get(g.uuid)
             if slow is not None:
                 add_values(fams, base, slow, GPU_SLOW)
@@ -403,6 +420,23 @@ class MetricsExporter(VllmSeries, Collector):
                 ),
                 1.0,
             )
+        fam = fams.get(RULE_UNKNOWN)
+        if fam is None:
+            return
+        served: set[tuple[Hashable, ...]] = set()
+        for u in self.rules.unknown():
+            subject = tuple((k, str(u.labels[k])) for k in UNKNOWN_SUBJECT_LABELS if u.labels.get(k))
+            key = ("unknown", u.rule, u.severity, u.reason, subject)
+            if key in served:  # subjects below the served labels (processes of one GPU): one series
+                continue
+            served.add(key)
+            fam.add(
+                self._cached(
+                    key,
+                    lambda: Labels((("hostname", self.hostname), ("rule", u.rule), ("severity", u.severity), ("reason", u.reason), *subject)),  # noqa: B023  the factory runs at once, inside this iteration (_cached)
+                ),
+                1.0,
+            )
 
     def statuses(self, snap: Snapshot | None = None, fresh: bool | None = None) -> list[SourceStatus]:
         """Each source's status as served: those the snapshot carries (NVML's, the kubelet's),
@@ -412,7 +446,12 @@ class MetricsExporter(VllmSeries, Collector):
         out: list[SourceStatus] = []
         if snap is not None:
             for st in snap.sources:
-                out.append(st if fresh else SourceStatus(st.name, False, st.last_success_ts, st.collect_seconds, st.rejected, "no tick"))
+                if not fresh:
+                    st = SourceStatus(st.name, False, st.last_success_ts, st.collect_seconds, st.rejected, "no tick")
+                if st.last_success_ts is not None and st.name == "nvml" and self._offset:
+                    # the capture's time in a replay: moved to the wall clock it was taken in at
+                    st = dataclasses.replace(st, last_success_ts=st.last_success_ts + self._offset)
+                out.append(st)
         if self.host_source is not None:
             h = self._host
             rejected = dict(getattr(self.host_source, "rejected", {}))

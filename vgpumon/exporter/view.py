@@ -50,6 +50,9 @@ class AgentView(Protocol):
 
     hostname: str
     interval: float
+    #: a live agent (ticks on the wall clock); ``False`` for a replay, whose ticks carry the
+    #: capture's time
+    paced: bool
     # read-only (properties): the agent holds its own sources, which satisfy these views
     @property
     def vllm(self) -> VllmView | None: ...

@@ -35,7 +35,37 @@ SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
     "vllm": ("hostname", "server"),
     "source": ("hostname", "source"),
     "host": ("hostname",),
+    "rule": ("hostname", "rule"),
 }
+
+#: Why a rule cannot judge a subject, as a bounded code (the ``reason`` label of
+#: ``vgpumon_rule_unknown``; the finding's ``reason`` text says it in full). In the order
+#: ``unknown_code`` tries them: the first whose words the text holds.
+UNKNOWN_CODES: dict[str, tuple[str, ...]] = {
+    # a check that raised (Engine.evaluate)
+    "rule_failed": ("rule failed",),
+    # the GPU or driver has no such reading at all (no GPM): it will not come by waiting
+    "not_supported": ("no GPM", "not supported"),
+    # the inputs exist but not for long enough yet: a trend, a settling step, a first start
+    # (a trend rule's history after a start: the minutes of its fit, its rollups, not stored yet)
+    "warming_up": ("a trend needs", "settles", "not known yet", "not measured", "no earlier start", "covers less than",
+                   "1-minute rollups", "minutes of the last"),
+    # a reading the rule needs is not reported (None in the samples, no max link)
+    "not_reported": ("not reported", "not known", "neither"),
+    # too little or nothing stored in the rule's window
+    "no_data": ("no samples", "stored", "fewer than", "less than", "no 1-minute rollups", "too few points",
+                "not alive with telemetry", "no GPU of the host reported"),
+}
+
+
+def unknown_code(reason: str | None) -> str:
+    """The bounded code of an unknown finding's reason (``UNKNOWN_CODES``); ``other`` for a text
+    none matches (a test walks every reason the rules give on the recorded captures)."""
+    text = reason or ""
+    for code, words in UNKNOWN_CODES.items():
+        if any(w in text for w in words):
+            return code
+    return "other"
 
 
 @dataclass(frozen=True)

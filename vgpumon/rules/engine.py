@@ -10,13 +10,14 @@ would have.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, MutableMapping, Sequence
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import SUBJECT_LABELS, Finding, Rule
 from vgpumon.rules.lifecycle import AlertBook
+from vgpumon.rules.source import CANNOT_JUDGE, cannot_judge
 from vgpumon.rules.view import HostView, Prefetch
 from vgpumon.store import Store
 
@@ -39,16 +40,21 @@ class Engine:
         self.rules = tuple(r for r in rules if r.name not in self.thresholds.disabled)
         self.by_name = {r.name: r for r in self.rules}
 
-    def evaluate(self, view: HostView, rules: Iterable[Rule] | None = None) -> list[Finding]:
+    def evaluate(self, view: HostView, rules: Iterable[Rule] | None = None,
+                 newest: MutableMapping[str, list[Finding]] | None = None) -> list[Finding]:
         """Run the checks of ``rules`` (default: all) at ``view.at``.
 
         A check that raises costs only itself: its rule says unknown on the host, with the error.
+        ``VgpumonRuleCannotJudge`` reads no data: it is judged from ``newest`` (rule name → its
+        findings at its newest evaluation; updated here with this evaluation's), so rules
+        evaluated at other cadences count with their newest findings.
 
         Raises:
             StoreUnavailableError: the store cannot be read (nothing can be said).
         """
         out: list[Finding] = []
-        for rule in self.rules if rules is None else rules:
+        todo = list(self.rules if rules is None else rules)
+        for rule in todo:
             try:
                 out.extend(rule.check(view, self.thresholds, rule))
             except StoreUnavailableError:
@@ -57,6 +63,12 @@ class Engine:
                 log.exception("rule %s failed", rule.name)
                 labels = {k: "" for k in SUBJECT_LABELS[rule.subject]} | {"hostname": view.hostname}
                 out.append(Finding(rule.name, labels, "unknown", reason=f"rule failed: {exc.__class__.__name__}: {exc}"))
+        newest = {} if newest is None else newest
+        for rule in todo:
+            newest[rule.name] = [f for f in out if f.rule == rule.name]
+        meta = self.by_name.get(CANNOT_JUDGE)
+        if meta is not None and meta in todo:
+            out.extend(cannot_judge(meta, view.hostname, newest, self.by_name))
         return out
 
     def evaluate_window(self, store: Store, hostname: str, end: float) -> tuple[list[Finding], AlertBook]:
@@ -78,8 +90,9 @@ class Engine:
         book = AlertBook(self.by_name, th)
         findings: list[Finding] = []
         prefetch = Prefetch(store, min(times), max(times))
+        newest: dict[str, list[Finding]] = {}
         for t in sorted(times):
             view = HostView(store, hostname, t, active=book.active(), prefetch=prefetch)
-            findings = self.evaluate(view, times[t])
+            findings = self.evaluate(view, times[t], newest)
             book.update(findings, times[t], t)
         return findings, book

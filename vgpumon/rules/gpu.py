@@ -124,8 +124,10 @@ def _xid_twin(codes: Iterable[int], negate: bool = False) -> Callable[[Threshold
     def twin(th: Thresholds) -> list[Twin]:
         sel, w = _xid_selector(codes, negate), prom_duration(th.xid_window_seconds)
         # a code's counter series starts at its first event (at 1): increase() misses that first
-        # event, so a series that did not exist one window ago counts as well
-        expr = f"sum {BY} ((increase({sel}[{w}]) > 0) or ({sel} unless {sel} offset {w})) > 0"
+        # event, so a series that did not exist one window ago counts as well. "Did not exist" is
+        # judged on the GPU and code alone: a counter whose target labels changed (the agent's
+        # pod rescheduled, a new instance address) with its count unchanged is no new event
+        expr = f"sum {BY} ((increase({sel}[{w}]) > 0) or ({sel} unless on (hostname, uuid, xid) {sel} offset {w})) > 0"
         return [Twin(expr, "XID events on GPU {{ $labels.gpu }} of {{ $labels.hostname }} in the last " + w
                      + "; their codes are the xid labels of " + prom("xid_events", "xid") + ".")]
 

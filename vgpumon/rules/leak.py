@@ -9,11 +9,15 @@ The story this exists for: a logging middleware kept references to request objec
   ``leak_step_bytes``), so a step is never inside a fit;
 * a process restart: its memory goes back to the base (a step down), then up again — steps too;
   per process, a restart is a new process (a new series);
-* a change of memory semantics recorded by the NVML source (memory info v2 ↔ v1: ``used`` gains or
-  loses the ~0.6 GB the driver reserves) — ``memory_reserved_bytes`` appears or disappears, or the
-  source records an event (``Store.gpu_events``): the fit starts after it;
+* an event of the NVML source (``Store.gpu_events``: re-initialised, a GPU back or new, a clock
+  step): the fit starts after it;
 * a sleeping vLLM server: sleeping frees its weights and KV cache and waking takes them back; the
   fit starts after the server's newest sleeping poll.
+
+A change of memory accounting (memory info v2 ↔ v1: ``used`` gains or loses the ~0.6 GB the
+driver reserves; ``memory_reserved_bytes`` appears or disappears) is no break for a GPU: its
+offset is the reserved bytes v2 reports beside it, and the points before it are moved into the
+newest accounting (``_carry_accounting``), so the fit runs across it.
 
 The fit is Theil–Sen (the median of the slopes between every pair of points; robust to 29 % of
 outliers) over the last ``leak_fit_seconds`` (6 h) of the unbroken segment, on medians of
@@ -246,9 +250,34 @@ def _semantics_breaks(rows: Sequence[dict]) -> list[float]:
     return out
 
 
+#: Rollup minutes each side of an accounting change whose reserved bytes measure its offset.
+_CARRY_MINUTES = 10
+
+
+def _carry_accounting(rows: Sequence[dict], points: list[tuple[float, float]], changes: Sequence[float]) -> list[tuple[float, float]]:
+    """The series in the newest accounting across each change of ``changes`` (memory info v1 ↔
+    v2): v1's "used" includes the memory the driver reserves, which v2 reports apart, so the
+    points before a change move by the reserved bytes v2 reported next to it (the median of up
+    to ``_CARRY_MINUTES`` minutes on v2's side), and one fit runs across it instead of none for
+    the next six hours."""
+    out = list(points)
+    for c in changes:
+        before = [r for r in rows if r["ts"] < c][-_CARRY_MINUTES:]
+        after = [r for r in rows if r["ts"] >= c][:_CARRY_MINUTES]
+        v2_after = bool(after) and after[0]["memory_reserved_bytes_mean"] is not None
+        side = after if v2_after else before
+        reserved = [r["memory_reserved_bytes_mean"] for r in side if r["memory_reserved_bytes_mean"] is not None]
+        if not reserved:
+            continue
+        shift = -median(reserved) if v2_after else median(reserved)  # v1 → v2 drops it from "used"; v2 → v1 adds it
+        out = [(t, y + shift) if t < c else (t, y) for t, y in out]
+    return out
+
+
 def _gpu_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     lookback = th.leak_fit_seconds + th.leak_step_seconds
-    events = [e for e in view.events(lookback) if e["kind"] in BREAK_EVENTS]
+    # a change of the memory API is carried across (its offset measured), not a break
+    events = [e for e in view.events(lookback) if e["kind"] in BREAK_EVENTS - {"memory_api_changed"}]
     for g in view.gpus:
         labels = gpu_labels(view.hostname, g.identity.index, g.identity.uuid)
         rows = view.rollups(g.id, lookback, ("memory_used_bytes_p50", "memory_reserved_bytes_mean", "memory_total_bytes_last"))
@@ -256,7 +285,8 @@ def _gpu_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         if not points:
             yield Finding(rule.name, labels, "unknown", reason=f"no 1-minute rollups of memory used in the last {duration(lookback)}")
             continue
-        breaks = _semantics_breaks(rows) + _sleep_breaks(view, g.identity.uuid, lookback)
+        points = _carry_accounting(rows, points, _semantics_breaks(rows))
+        breaks = _sleep_breaks(view, g.identity.uuid, lookback)
         breaks += [e["ts"] for e in events if e["gpu_id"] in (None, g.id)]
         state, trend, reason = assess(points, breaks, view.at, th, view.is_active(rule.name, labels))
         if trend is None:
@@ -343,7 +373,8 @@ _LEAK_RUNBOOK = Runbook(
     "Memory in use has risen steadily for hours with no step explaining it: at this slope the GPU runs out of memory "
     "in the time given, and the process holding it will fail with out-of-memory (our story: a logging middleware "
     "kept request objects, 0.3 GB a day, an OOM after three days). Model loads, KV-cache allocation, restarts, "
-    "memory-semantics changes and sleeping vLLM servers are steps, not trends, and are left out of the fit.",
+    "and sleeping vLLM servers are steps, not trends, and are left out of the fit; a change of memory accounting "
+    "(driver memory API v1 ↔ v2) is carried across by its measured offset.",
     "`vgpumon diagnose <host>` and the memory panel of the GPU over a day; "
     "`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv` twice an hour apart shows which "
     "process grows; the process's own host RSS often grows alongside.",

@@ -14,6 +14,7 @@ from typing import Iterable
 
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.model import ServerState
+from vgpumon.model.vllm import latency_for_alerts
 from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, pct, prom, prom_duration
 from vgpumon.rules.view import HostView, VllmInstanceRow, VllmRecord
 
@@ -166,8 +167,10 @@ def _traffic_before_warm(view: HostView, th: Thresholds, rule: Rule) -> Iterable
     for inst, ready in _recent_ready(view, th):
         labels = _labels(view, inst)
         rows = view.vllm_samples(inst["id"], view.at - ready)
-        early = [r["ttft_p95_seconds"] for r in rows if r["ts"] <= ready + th.vllm_early_seconds and r["ttft_p95_seconds"] is not None]
-        steady = [r["ttft_p95_seconds"] for r in rows if r["ts"] >= ready + th.vllm_steady_after_seconds and r["ttft_p95_seconds"] is not None]
+        # a poll whose TTFT histogram was flagged unreliable gives nothing: its quantiles cannot be true
+        ttft = [(r["ts"], latency_for_alerts(r, "ttft", 95)) for r in rows]
+        early = [v for ts, v in ttft if ts <= ready + th.vllm_early_seconds and v is not None]
+        steady = [v for ts, v in ttft if ts >= ready + th.vllm_steady_after_seconds and v is not None]
         if len(steady) < 3:
             yield Finding(rule.name, labels, "unknown", reason="TTFT of the steady state not known yet")
             continue

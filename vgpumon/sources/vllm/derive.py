@@ -96,13 +96,22 @@ def implausible(buckets: Sequence[tuple[float, float]], total: float | None, qua
 
     Args:
         buckets: the interval's cumulative ``(le, count)`` pairs, sorted by ``le``.
-        total: the interval's ``_sum``; ``None`` (no ``_sum`` sample) checks nothing.
+        total: the interval's ``_sum``; ``None`` (no ``_sum`` sample): only the case below.
         quantiles: q → the quantile computed from ``buckets``.
+
+    Without ``_sum``, an interval whose every observation lies in the lowest bucket (all its
+    buckets count the same) is flagged too: its quantiles are then nothing but interpolation
+    across ``[0, le]`` (the median is always le / 2), and nothing can check them.
     """
-    if total is None or not buckets:
+    if not buckets:
         return None
     n = buckets[-1][1] if math.isinf(buckets[-1][0]) else max(c for _, c in buckets)
     if n <= 0:
+        return None
+    if total is None:
+        first = buckets[0]
+        if first[1] >= n and any(v is not None for v in quantiles.values()):
+            return f"all {n:g} in the lowest bucket (≤ {first[0]:g} s) and no _sum to check them by: the quantiles only interpolate inside it"
         return None
     lo = hi = 0.0
     prev_le, prev_c = 0.0, 0.0

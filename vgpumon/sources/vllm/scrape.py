@@ -181,9 +181,9 @@ class ServerScraper:
         }
         if srv.version is None and srv.caps.get("version", True):
             requests["version"] = self._get(base + "/version")
+        if not srv.models and srv.caps.get("models", True):  # before ready too: readiness needs a model listed
+            requests["models"] = self._get(base + "/v1/models")
         if lc.ready_ts is not None:
-            if srv.models is None and srv.caps.get("models", True):
-                requests["models"] = self._get(base + "/v1/models")
             for name, path in (("load", "/load"), ("is_sleeping", "/is_sleeping"), ("stats", "/stats")):
                 if srv.caps.get(name, True):
                     requests[name] = self._get(base + path)
@@ -276,7 +276,8 @@ class ServerScraper:
         lc.step(
             Observation(
                 ts=now, process_alive=alive, health_status=health.status, health_error=health.error,
-                metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats), work=work,
+                metrics_error=metrics_error, has_vllm=bool(reading and reading.has_vllm) or bool(stats),
+                model_listed=bool(srv.models) if srv.caps.get("models", True) else None, work=work,
                 tokens_advanced=derived.get("tokens_advanced"), sleeping=sleeping, server_load=server_load,
                 engine_lost=self._engine_lost(srv, health.status == 200),
                 engine_stalled=watch.engine_stalled(replies.get("engine_states") or {}),

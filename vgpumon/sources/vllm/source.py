@@ -11,7 +11,7 @@ and the process table read on a worker thread, so the event loop (which schedule
 is never held by a large scrape.
 
 Endpoints: ``/health`` and ``/metrics`` every poll; ``/version`` until known (it never touches the
-engine); ``/v1/models`` once ready; ``/load`` (0.8.5+), ``/is_sleeping`` (dev mode) and a JSON
+engine); ``/v1/models`` until it lists a model (readiness needs one listed, or ``vllm:`` metrics); ``/load`` (0.8.5+), ``/is_sleeping`` (dev mode) and a JSON
 ``/stats`` (not part of vLLM; some deployments add one) every poll once they answered 200 — a 404
 stops asking for that server's lifetime.
 """

@@ -3,15 +3,20 @@ poll's time from the injected clock, and never reads a clock or the network itse
 
 ::
 
-    starting ──/health 200──► ready ──► busy ⇄ idle ⇄ sleeping      (telemetry_down, hung beside)
+    starting ──/health 200 + model──► ready ──► busy ⇄ idle ⇄ sleeping   (telemetry_down, hung beside)
        │                        │
        └─process gone──► failed_to_start   └─/health 500/503, refused, reset, or process gone──► dead
 
 * **starting**: the process is alive (or, for a static target, unknown) and ``/health`` has not
   answered 200 yet: the port refuses until weights are loaded, the KV cache sized and graphs
   captured; a 0.33 data-parallel supervisor answers 503 meanwhile.
-* **ready**: the poll of the first ``/health`` 200 (the end of prewarm), and every healthy poll
-  of a server without ``vllm:`` metrics (``--disable-log-stats``: limited telemetry).
+* **ready**: the first poll with ``/health`` 200 *and* something served: its model listed by
+  ``/v1/models`` or its ``vllm:`` metrics (the end of prewarm). A ``/health`` 200 alone is not
+  ready: a router or an API process in front of an engine still loading answers it while it
+  lists no model and serves no ``vllm:`` metric (the server stays starting, and says so). Also
+  every healthy poll of a server without ``vllm:`` metrics (``--disable-log-stats``: limited
+  telemetry). A server that answers ``/v1/models`` with 404 offers nothing to check: its
+  ``/health`` 200 is taken alone.
 * **busy** / **idle**: healthy; work running or waiting, or token counters advancing / nothing
   running or waiting and counters flat.
 * **hung**: ``/health`` 200 (or ``/health`` timing out) while requests run or wait and the token
@@ -58,6 +63,8 @@ class Observation:
         metrics_error: why ``/metrics`` gave no reading (HTTP status, transport error, oversized,
             unparseable); ``None`` when it did.
         has_vllm: the ``/metrics`` reading had ``vllm:`` families.
+        model_listed: ``/v1/models`` listed at least one model (now or at an earlier poll);
+            ``None`` when the server offers no ``/v1/models`` (404): nothing to check it by.
         work: running + waiting requests (summed over engines); ``None`` when unknown.
         tokens_advanced: prompt + generation tokens processed since the previous scrape;
             ``None`` when unknown (first scrape, no counters).
@@ -80,6 +87,7 @@ class Observation:
     health_error: str | None = None
     metrics_error: str | None = None
     has_vllm: bool = False
+    model_listed: bool | None = False
     work: float | None = None
     tokens_advanced: float | None = None
     sleeping: bool | None = None
@@ -108,7 +116,7 @@ class Lifecycle:
         state: current state.
         reason: why, in words (``"/health 503"``, ``"connection refused"``...).
         first_connect_ts: first poll whose connection was accepted (any HTTP answer).
-        ready_ts: first poll with ``/health`` 200.
+        ready_ts: first poll with ``/health`` 200 and a model listed or ``vllm:`` metrics.
         stale: gauges unchanged and counters flat for ``hang_after`` scrapes (an idle engine
             keeps its last gauge values).
     """
@@ -133,7 +141,7 @@ class Lifecycle:
 
     @property
     def prewarm_seconds(self) -> float | None:
-        """Process start (else first seen) → first ``/health`` 200; ``None`` until ready, and
+        """Process start (else first seen) → ready (``ready_ts``); ``None`` until ready, and
         when the agent never saw the server before it was ready (start not observed)."""
         if self.ready_ts is None or not self._seen_before_ready:
             return None
@@ -163,10 +171,12 @@ class Lifecycle:
             ready = self.ready_ts is not None
             return self._set(ServerState.DEAD if ready else ServerState.FAILED_TO_START, "process gone")
         if self.ready_ts is None:
-            if obs.health_status == 200:
+            if obs.health_status == 200 and (obs.model_listed is not False or obs.has_vllm):
                 self.ready_ts = obs.ts
                 return self._set(ServerState.READY, "first /health 200")
             self._seen_before_ready = True
+            if obs.health_status == 200:
+                return self._set(ServerState.STARTING, "/health 200, but no model listed by /v1/models and no vllm: metrics yet")
             what = obs.health_error or f"/health {obs.health_status}"
             return self._set(ServerState.STARTING, "connection refused" if what == REFUSED else what)
         # ready before: is it still alive and well?
