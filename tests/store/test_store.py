@@ -464,3 +464,22 @@ def test_an_agent_rolls_up_and_prunes_only_its_own_host_and_db_prune_does_every_
     # On Postgres the expired day partition is the whole store's: b, silent for days (a host gone
     # for good), held it back, so a rolled b's rows up before dropping it; nothing is lost.
     assert rolled(gb.id) == a.stats.ticks and raw(gb.id) == 0
+
+
+@pytest.mark.parametrize("data_time", [True, False])
+def test_a_replay_of_a_capture_days_old_keeps_its_raw_rows_while_it_runs(db_url, store_of, data_time):
+    """The recorded capture is days older than the 72-h raw window. Measured from today, the
+    agent's own retention pruned every raw row it had rolled up, in the middle of the replay;
+    measured in the capture's time (what ``vgpumon agent --replay`` does), none is past it."""
+    store = open_store(db_url)
+    agent = Agent(NvmlSource(scenarios.backend(*read_capture(H200_CAPTURE))), store, hostname="old", paced=False,
+                  flush_interval=0.0, retention=Retention(store, max_minutes=100), maintenance_every=0.0, data_time=data_time)
+    try:
+        asyncio.run(agent.run())
+    finally:
+        store.close()
+    raw = _count(db_url, "SELECT count(*) FROM gpu_samples")
+    if data_time:
+        assert raw == agent.stats.ticks == 76
+    else:  # the wall clock's view: the rolled-up minutes are gone (whole days on Postgres: none of them)
+        assert raw < agent.stats.ticks or db_url.startswith("postgresql")

@@ -220,6 +220,7 @@ def run(plan: Plan) -> int:
         vllm=vllm,
         backlog=backlog,
         retention=Retention(store, raw_retention_s=st["raw_retention"], rollup_retention_s=st["rollup_retention"]),
+        data_time=bool(replay),
         kubernetes=kubernetes,
         call_deadline=a["call_deadline"],
         flush_interval=a["flush_interval"],

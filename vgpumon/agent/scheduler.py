@@ -110,6 +110,9 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
             of rows (``vgpumon agent`` passes a spool).
         retention: rollup/prune job run on the store thread every ``maintenance_every`` seconds
             of wall time; ``None`` runs none.
+        data_time: the ticks are a replay's, in the capture's time: the retention job's "now" is
+            the newest tick's time, not today's (a capture days old lost its raw rows as soon as
+            they were rolled up, and the rules that read them went blind mid-replay).
         maintenance_every: seconds between retention steps.
         kubernetes: the kubelet's pod-resources source, refreshed by its own task (every 30 s,
             off the event loop); each snapshot gets its GPU and process owners attached
@@ -151,6 +154,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         backlog: Backlog | None = None,
         retention: "Retention | None" = None,
         maintenance_every: float = 60.0,
+        data_time: bool = False,
         vllm_backoff: float = 1.0,
         vllm_backoff_max: float = 60.0,
         vllm_stop_timeout: float = 10.0,
@@ -198,6 +202,8 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         self._writer: asyncio.Task[None] | None = None
         self.backlog = backlog if backlog is not None else Backlog(None)
         self.retention = retention
+        if retention is not None and data_time:
+            retention.clock = lambda: self.latest.ts if self.latest is not None else 0.0
         self.maintenance_every = maintenance_every
         self._last_maintenance = monotonic()
         self._outage_since: float | None = None
