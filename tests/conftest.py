@@ -130,19 +130,28 @@ def run_locked_sqlite(
     stop_at_tick: int | None = None, on_tick: Callable[[int], None] | None = None,
 ) -> Agent:
     """Run the agent that ``make_agent(store, tick_callback)`` builds on the SQLite store ``url``
-    while another connection holds the write lock from the first tick until ``unlock_at_tick``
+    while another connection holds the write lock from its GPUs' registration until ``unlock_at_tick``
     (None: for the whole run); stop after ``stop_at_tick`` ticks; ``on_tick(n)`` after tick n.
     The store waits at most 20 ms for the lock, so every batch meets an outage."""
     store = open_store(url, busy_timeout_ms=20)
-    locker = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    locker = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False)
     stop = asyncio.Event()
     state = {"n": 0, "locked": False}
+    register = store.register_gpus
+
+    def register_then_lock(*args: Any, **kw: Any) -> Any:
+        # the agent has registered its GPUs: now another writer takes the lock, before the first
+        # tick (which the agent writes at once, so a lock taken at that tick could come too late)
+        ids = register(*args, **kw)
+        if not state["locked"] and state["n"] == 0:
+            locker.execute("BEGIN IMMEDIATE")
+            state["locked"] = True
+        return ids
+
+    store.register_gpus = register_then_lock  # type: ignore[method-assign]
 
     def tick(_snap: Any) -> None:
         state["n"] += 1
-        if state["n"] == 1:  # the agent has registered its GPUs: now another writer takes the lock
-            locker.execute("BEGIN IMMEDIATE")
-            state["locked"] = True
         if state["locked"] and unlock_at_tick is not None and state["n"] >= unlock_at_tick:
             locker.execute("COMMIT")
             state["locked"] = False
