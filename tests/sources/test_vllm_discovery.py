@@ -16,6 +16,7 @@ import psutil
 import pytest
 from vllm_support import ServerThread, shared_dir, source
 
+from vgpumon.model.vllm import ServerState
 from vgpumon.sources.vllm.discovery import PsutilProcessTable, verified_address
 from vgpumon.testing.vllm import FakeClock, FakeVllmServer, free_port
 
@@ -90,8 +91,9 @@ def _poll(table: PsutilProcessTable, polls: int = 3):
 def test_a_process_whose_argv_names_an_address_it_does_not_listen_on_gets_no_request(tmp_path):
     """A server answers on 127.0.0.1:P in some other process (this test's fake, which no argv
     names); a local user's process claims ``vllm serve --host 127.0.0.1 --port P``, another
-    claims a remote host. Neither is listed, the source sends no request to P (nor to the
-    remote host), nothing is a py-spy target."""
+    claims a remote host. Both are listed as not listening, read as starting servers that are
+    never asked: the source sends no request to P (nor to the remote host), nothing is a py-spy
+    target."""
     servers = ServerThread()
     try:
         fake = servers.start(FakeVllmServer(metrics="", version="0.32.0", models=["m"]))
@@ -99,15 +101,17 @@ def test_a_process_whose_argv_names_an_address_it_does_not_listen_on_gets_no_req
         remote = _start(tmp_path, "remote", _LIAR, "--host", "192.0.2.7", "--port", str(fake.port))
         try:
             table = PsutilProcessTable()
-            listed = {p.pid for p in table.scan()}
+            listed = {p.pid: p for p in table.scan()}
             samples, discovered, sent = _poll(table)
         finally:
             _stop(local, remote)
     finally:
         servers.close()
-    assert local.pid not in listed and remote.pid not in listed
+    assert not listed[local.pid].listening and not listed[remote.pid].listening
     assert [u for u in sent if f":{fake.port}/" in u] == []
-    assert [s for s in samples if s.instance.pid in (local.pid, remote.pid)] == []
+    assert [u for u in sent if "192.0.2.7" in u] == []
+    theirs = [s for s in samples if s.instance.pid in (local.pid, remote.pid)]
+    assert theirs and all(s.state is ServerState.STARTING and "not listening" in (s.reason or "") for s in theirs), theirs
     assert all(p.pid not in (local.pid, remote.pid) for p in discovered.values())
 
 
@@ -121,7 +125,9 @@ def test_a_server_listening_where_its_argv_says_is_scraped_there_and_only_it(tmp
     liar = _start(tmp_path, "liar", _LIAR, "--host", "127.0.0.1", "--port", str(port))
     try:
         table = PsutilProcessTable()
-        (found,) = [p for p in table.scan() if p.pid in (honest.pid, liar.pid)]
+        scanned = [p for p in table.scan() if p.pid in (honest.pid, liar.pid)]
+        (found,) = [p for p in scanned if p.listening]
+        assert [p.pid for p in scanned if not p.listening] == [liar.pid]
         samples, discovered, sent = _poll(table)
     finally:
         _stop(honest, liar)
@@ -134,8 +140,9 @@ def test_a_server_listening_where_its_argv_says_is_scraped_there_and_only_it(tmp
 
 
 def test_a_server_found_before_it_listens_is_scraped_once_it_does(tmp_path):
-    """vLLM imports for seconds before it binds its port: until then it is not scraped (nor
-    logged each scan as refusing), and the first scan after it binds finds it."""
+    """vLLM imports for seconds before it binds its port: until then it is listed as not
+    listening (a starting server, never asked, nor logged each scan), and the first scan after it
+    binds finds where it listens."""
     port = free_port()
     waiting = textwrap.dedent(
         """
@@ -162,7 +169,7 @@ def test_a_server_found_before_it_listens_is_scraped_once_it_does(tmp_path):
         after = [(p.host, p.port) for p in table.scan() if p.pid == proc.pid]
     finally:
         _stop(proc)
-    assert before == []
+    assert [p.listening for p in before] == [False]
     # bound to every address: scraped on loopback, not at the address its argv names
     assert after == [("127.0.0.1", port)]
 

@@ -59,6 +59,10 @@ class VllmProcess:
         cmdline: the command line, for display.
         engine_pids: the descendants that are engine processes (see module docstring) and are
             alive (zombies left out), for "engine lost".
+        listening: the process listens where ``host``/``port`` say. ``False``: a server still
+            starting, not listening yet; ``host``/``port`` are then only its command line's claim,
+            never asked: it is tracked as starting (its prewarm counts from its start) and
+            scraped, or traced, only once its own socket proves the address.
     """
 
     pid: int
@@ -68,6 +72,7 @@ class VllmProcess:
     pids: tuple[int, ...]
     cmdline: tuple[str, ...] = ()
     engine_pids: tuple[int, ...] = ()
+    listening: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,13 +366,14 @@ class PsutilProcessTable:
                 tree = [p] + children
                 engines = self._engines(children)
                 address = self._address(p, cmdline)
-                if address is None:
-                    continue  # it listens on no such port: not a server to scrape, nor to trace
-                host, port = address
+                # not listening (yet) where its command line says: a server starting (vLLM loads
+                # before it listens), tracked as such, never asked, nor traced
+                host, port = address if address is not None else port_and_host(cmdline)
                 out.append(
                     VllmProcess(
                         pid=pid, create_time=p.create_time(), host=host, port=port,
                         pids=tuple(q.pid for q in tree), cmdline=cmdline, engine_pids=engines,
+                        listening=address is not None,
                     )
                 )
                 engine_keys.update(k for k in self._engine_verdict if k[0] in {q.pid for q in children})
@@ -391,7 +397,7 @@ class PsutilProcessTable:
             if key not in self._unverified:
                 self._unverified.add(key)
                 claimed = port_and_host(cmdline)
-                log.info("pid %d runs as a vLLM server but listens on no TCP port %d: not scraped until it does",
+                log.info("pid %d runs as a vLLM server but listens on no TCP port %d yet: starting, not scraped until it does",
                          p.pid, claimed[1])
             return None
         self._unverified.discard(key)

@@ -175,13 +175,20 @@ class ServerScraper:
         base = srv.identity.url
         t0 = time.perf_counter()
         lc = srv.lifecycle
-        requests: dict[str, Any] = {
-            "health": self._get(base + "/health"),
-            "metrics": self._get(base + "/metrics", accept=_ACCEPT_METRICS),
-        }
-        if srv.version is None and srv.caps.get("version", True):
+        if srv.process is not None and not srv.process.listening:
+            # its own socket does not prove the address yet: nothing is sent there (a port that
+            # refuses, as far as the lifecycle is concerned: starting, then failed to start)
+            unproven = _not_listening(srv.identity.port)
+            requests: dict[str, Any] = {"health": _ready(unproven), "metrics": _ready(unproven)}
+        else:
+            requests = {
+                "health": self._get(base + "/health"),
+                "metrics": self._get(base + "/metrics", accept=_ACCEPT_METRICS),
+            }
+        listening = srv.process is None or srv.process.listening
+        if listening and srv.version is None and srv.caps.get("version", True):
             requests["version"] = self._get(base + "/version")
-        if not srv.models and srv.caps.get("models", True):  # before ready too: readiness needs a model listed
+        if listening and not srv.models and srv.caps.get("models", True):  # before ready too: readiness needs a model listed
             requests["models"] = self._get(base + "/v1/models")
         if lc.ready_ts is not None:
             for name, path in (("load", "/load"), ("is_sleeping", "/is_sleeping"), ("stats", "/stats")):
@@ -447,6 +454,14 @@ class ServerScraper:
 
 #: a figure older than this (three minute reads missed: a GPU lost, NVML wedged) is no longer served
 _ENERGY_STALE_S = 180.0
+
+
+def _not_listening(port: int) -> Reply:
+    return Reply(error=f"not listening on port {port} yet (its own sockets say so; not asked)")
+
+
+async def _ready(reply: Reply) -> Reply:
+    return reply
 
 
 def _energy_fields(e: EnergyPerToken | None, now: float) -> dict[str, Any]:

@@ -128,9 +128,9 @@ class VllmSource(ServerScraper):
 
     def discovered(self) -> dict[str, VllmProcess]:
         """Base URL → the process of each server found in the process table, as last discovered
-        (static targets, whose processes the agent cannot see, are left out): the PIDs
-        ``diagnose --stacks`` may dump, and no others."""
-        return {s.identity.url: s.process for s in self._servers.values() if s.process is not None}
+        (static targets, whose processes the agent cannot see, are left out, and so are servers not
+        yet listening where they say): the PIDs ``diagnose --stacks`` may dump, and no others."""
+        return {s.identity.url: s.process for s in self._servers.values() if s.process is not None and s.process.listening}
 
     async def poll(self) -> list[ServerSample]:
         """One poll of every server: discovery, concurrent scrapes, state, derived figures.
@@ -142,7 +142,8 @@ class VllmSource(ServerScraper):
         now = self.clock()
         try:
             found: Sequence[VllmProcess] = await self._offload(self.processes.scan)
-            live = {(p.host, p.port): p for p in found}
+            # a process listening where it says wins over one that merely claims the address
+            live = {(p.host, p.port): p for p in sorted(found, key=lambda p: p.listening)}
         except Exception as exc:  # noqa: BLE001 - a broken process table must not stop scraping
             log.warning("vLLM discovery failed: %s", exc)
             # nothing is known of the discovered servers this poll: keep them as they were
