@@ -83,7 +83,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
     for p in h["shared"]:
         style = "bold red" if p["saturated"] else "bold magenta" if p["impossible"] else ""
         per_card = max((p[d]["per_card_p95_bytes_per_second"] or 0.0) for d in ("tx", "rx"))
-        last = p["projections"][-1]["p95_share"] if p["projections"] else None
+        last = p["projections"][-1]["p95_share"] if p["projections"] and not p["impossible"] else None  # no cards onto an impossible link
         head_room = "unknown" if p["impossible"] else "none" if p["headroom_cards"] == 0 else ("unbounded (no load)" if p["headroom_cards"] is None else f"{p['headroom_cards']} cards")
         s.add_row(f"{p['kind']} {p['port']}", _link(p["link_max"]), f"{p['cards']} ({', '.join(map(str, p['gpus']))})",
                   _rate(p["tx"]["p95_bytes_per_second"]), _rate(p["rx"]["p95_bytes_per_second"]),

@@ -63,7 +63,9 @@ def _root(
     ctx: typer.Context,
     config: Annotated[
         Optional[Path],
-        typer.Option("--config", help="TOML config file (default: $VGPUMON_CONFIG, else config.toml under the user's config directory).", show_default=False),
+        # readable=False: an unreadable file is the loader's to say (65, like VGPUMON_CONFIG's), not Click's usage error
+        typer.Option("--config", help="TOML config file (default: $VGPUMON_CONFIG, else config.toml under the user's config directory).", show_default=False,
+                     readable=False),
     ] = None,
     log_level: Annotated[Optional[LogLevel], typer.Option("--log-level", help="How much to log on stderr (default warning; VGPUMON_LOG_LEVEL).")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
