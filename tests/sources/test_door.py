@@ -124,6 +124,10 @@ def _replay(url: str, header: dict, ticks: list, *, paced: bool = False, **agent
     store = open_store(url)
     # A host source, so that per-process rows are written too (the recorded PIDs do not exist
     # here: they are stored as unresolved processes, with their GPU memory).
+    # a generous call deadline: on a loaded machine a replayed read that waits for the CPU past
+    # the default (half the interval) is rightly taken as wedged, and its tick's values are None,
+    # which is the watchdog's test (tests/agent/test_wedged.py), not the door's
+    agent_kw.setdefault("call_deadline", 30.0)
     agent = Agent(source, store, hostname="h200", paced=paced, host=HostSource(), host_every=1, **agent_kw)
     try:
         asyncio.run(agent.run())

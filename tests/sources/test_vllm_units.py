@@ -375,6 +375,9 @@ def test_an_idle_scan_skips_the_listing_only_while_no_process_was_created(monkey
     real_pids = psutil.pids
     monkeypatch.setattr(discovery, "_last_pid", lambda: last[0])
     monkeypatch.setattr(discovery.psutil, "pids", lambda: listings.append(1) or real_pids())
+    # no server on this table, whatever else runs on the machine (a test beside this one may run
+    # processes whose argv says vllm serve: a server not listening yet is a server found)
+    monkeypatch.setattr(discovery, "is_vllm_server", lambda argv: False)
     table = PsutilProcessTable(full_every_s=3600)
     table.scan()
     table.scan()
