@@ -46,7 +46,7 @@ def agent(
     ] = None,
     shift_to_now: Annotated[
         bool,
-        typer.Option("--shift-to-now", help="Move a replay's times so that its last tick is now: a capture of any age is stored, kept and judged as fresh data."),
+        typer.Option("--shift-to-now", help="Move a replay's times by whole minutes so that its last tick falls in the past minute: a capture of any age is stored, kept and judged as fresh data."),
     ] = False,
     pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
     hostname: Annotated[
@@ -193,8 +193,11 @@ def agent(
 
         from vgpumon.sources.nvml.capture import capture_end
 
-        # a replay as fast as possible stores its last tick within seconds: that tick is now
-        shift_s = time.time() - capture_end(replay)
+        # by whole minutes, so that the last tick lands in the minute just past and every tick
+        # keeps its place within its minute: the 1-minute rollups then cut the data where they
+        # cut the capture, whatever second of the minute the replay starts at (the demo's review
+        # read the copy phase's minute on some runs and an idle one on others)
+        shift_s = (time.time() - capture_end(replay)) // 60 * 60
     plan = agent_main.make_plan(
         settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded, shift_s=shift_s,
         duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
