@@ -62,7 +62,9 @@ def replay(url: str, header: dict, ticks: list, *, hostname: str = "h", sysfs_ro
     source = NvmlSource(scenarios.backend(header, ticks), slow_every=int(header.get("slow_every", 10)))
     store = open_store(url)
     runner = RuleRunner(Engine(thresholds), sinks=[LogSink()], wall=None)
-    agent = Agent(source, store, hostname=hostname, paced=False, rules=runner,
+    # a generous call deadline: on a loaded machine a replayed read past half the interval is
+    # taken as wedged (GpuUnreadable), which the watchdog's own tests check, not the rules'
+    agent = Agent(source, store, hostname=hostname, paced=False, rules=runner, call_deadline=30.0,
                   sysfs_root=None if sysfs_root is None else str(sysfs_root))
     try:
         asyncio.run(agent.run())
