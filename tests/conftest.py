@@ -221,3 +221,15 @@ def has_vgpumon_handlers(pid: int) -> bool:
     caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
     return bool(caught & (1 << (signal.SIGALRM - 1)))
 
+
+
+def nvml_present() -> bool:
+    """This host has an NVIDIA driver (``libnvidia-ml.so.1`` loads): the no-driver paths cannot
+    be shown here."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False

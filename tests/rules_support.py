@@ -99,3 +99,16 @@ def at_end(url: str, hostname: str = "h", thresholds: Thresholds | None = None) 
     for f in findings:
         by_rule.setdefault(f.rule, []).append(f)
     return by_rule, book.open()
+
+
+def diagnosed(url: str, alert: str, hostname: str = "h", now: float = 4e9) -> list[str]:
+    """The messages of ``diagnose``'s findings of ``alert`` for ``hostname`` (the report a user
+    reads)."""
+    from vgpumon.diagnose.report import build_report
+
+    store = Store(url)
+    try:
+        report = build_report(store, hostname, now=now)
+    finally:
+        store.close()
+    return [f["message"] for f in report["findings"] if f["alert"] == alert]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import H200_CAPTURE, ROOT
+from conftest import H200_CAPTURE, ROOT, nvml_present
 
 from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from vgpumon.sources.nvml.capture import read_capture
@@ -23,15 +22,9 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, env=env, timeout=120)
 
 
-def _nvml_present() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-        return True
-    except OSError:
-        return False
 
 
-@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver; the no-driver path cannot be shown here")
+@pytest.mark.skipif(nvml_present(), reason="this host has an NVIDIA driver; the no-driver path cannot be shown here")
 def test_agent_without_driver_names_the_cause_in_one_line_and_exits_69(tmp_path):
     out = run("agent", "--duration", "1", "--db", f"sqlite:///{tmp_path / 'x.db'}")
     assert out.returncode == 69

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, wait_for
+from conftest import DATA, nvml_present, wait_for
 from vllm_support import ServerThread
 
 from vgpumon.testing import incident
@@ -118,14 +118,6 @@ def test_top_shows_every_gpu_and_the_vllm_server_at_80_columns_and_quits_on_q(ag
     wait_for(lambda: "EXITED 0" in terminal.screen(), timeout=30, what="top to quit on q with 0")
 
 
-def _nvml_present() -> bool:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-        return True
-    except OSError:
-        return False
 
 
 def test_top_once_on_an_unreachable_agent_is_one_line_and_exit_69():
@@ -136,7 +128,7 @@ def test_top_once_on_an_unreachable_agent_is_one_line_and_exit_69():
                           "is `vgpumon agent` running?\n")
 
 
-@pytest.mark.skipif(_nvml_present(), reason="this host has an NVIDIA driver: top reads NVML in place of the agent")
+@pytest.mark.skipif(nvml_present(), reason="this host has an NVIDIA driver: top reads NVML in place of the agent")
 def test_top_on_this_host_with_neither_an_agent_nor_nvml_names_both(tmp_path):
     """No HOST: this host's agent, else NVML here; with neither, one line naming both."""
     port = free_port()

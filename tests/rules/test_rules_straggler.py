@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import H200_CAPTURE, phase
-from rules_support import at_end, firing, replay, stored_alerts
+from rules_support import at_end, diagnosed, firing, replay, stored_alerts
 
-from vgpumon.diagnose.report import build_report
 from vgpumon.rules.catalogue import BY_NAME
-from vgpumon.store import Store
 from vgpumon.testing import scenarios
 
 STRAGGLER = 2
@@ -35,13 +33,7 @@ def _matmul(clock: float = 1.0, power: float = 1.0, reasons: int = 0, gpus: int 
 
 
 def _diagnosed(tmp_path, alert: str) -> list[str]:
-    """The messages of ``diagnose``'s findings of ``alert`` (the report a user reads)."""
-    store = Store(f"sqlite:///{tmp_path / 'x.db'}")
-    try:
-        report = build_report(store, "h", now=4e9)
-    finally:
-        store.close()
-    return [f["message"] for f in report["findings"] if f["alert"] == alert]
+    return diagnosed(f"sqlite:///{tmp_path / 'x.db'}", alert)
 
 
 def _run(tmp_path, **kw):

@@ -17,12 +17,10 @@ import math
 
 import pytest
 from conftest import DATA
-from rules_support import at_end, firing, replay, stored_alerts
+from rules_support import at_end, diagnosed, firing, replay, stored_alerts
 
 from vgpumon.config.thresholds import Thresholds
-from vgpumon.diagnose.report import build_report
 from vgpumon.rules.catalogue import BY_NAME
-from vgpumon.store import Store
 from vgpumon.testing import incident, scenarios
 
 TICK_S = 300.0  # the recorded 1 s ticks, spread to 5 min
@@ -55,13 +53,7 @@ def _run(tmp_path, extra):
 
 
 def _diagnosed(tmp_path, alert: str) -> list[str]:
-    """The messages of ``diagnose``'s findings of ``alert`` (the report a user reads)."""
-    store = Store(f"sqlite:///{tmp_path / 'x.db'}")
-    try:
-        report = build_report(store, "h", now=4e9)
-    finally:
-        store.close()
-    return [f["message"] for f in report["findings"] if f["alert"] == alert]
+    return diagnosed(f"sqlite:///{tmp_path / 'x.db'}", alert)
 
 
 def _gpu(findings, gpu: str):
