@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 st = proc_status(proc.pid)
             except (OSError, ValueError):
                 break  # it just ended
+            if "VmRSS" not in st:
+                break  # it just ended: an exited process not yet reaped (a zombie) has no resident set
             st.update(t=round(time.monotonic() - started, 2), spool_bytes=size_of(spool),
                       store_bytes=size_of(db) + size_of(db.with_name(db.name + "-wal")))
             try:
