@@ -82,9 +82,9 @@ def main() -> None:
 
     async def build() -> tuple[MetricsExporter, list[FakeVllmServer], VllmSource]:
         src, servers = await vllm_source(8)
-        ex = MetricsExporter(hostname="gpu-host-17", vllm=src, monotonic=FakeClock(0.0))
+        ex = MetricsExporter(hostname="gpu-host-17", monotonic=FakeClock(0.0))
         for s in snaps:
-            ex.observe(s)
+            ex.observe(src.attach(s))  # the snapshot carries the vLLM servers, as the agent's do
         return ex, servers, src
 
     loop = asyncio.new_event_loop()

@@ -21,6 +21,7 @@ from vllm_support import shared_dir
 from vgpumon import catalogue
 from vgpumon.catalogue import UNIT_SUFFIXES
 from vgpumon.exporter.collector import LABEL_NAMES, MAX_LABELS, MetricsExporter
+from vgpumon.model import Snapshot
 from vgpumon.sources.nvml.capture import ReplayBackend
 from vgpumon.sources.vllm import VllmSource
 from vgpumon.sources.vllm.discovery import NoProcesses
@@ -62,7 +63,9 @@ def _vllm_exposition() -> bytes:
             await server.stop()
         # the vLLM source's poll duration is a wall-clock measurement: left out of the golden file
         families = set(catalogue.families()) - {"vgpumon_agent_source_collect_duration_seconds"}
-        ex = MetricsExporter(hostname="vllm-host", vllm=src, selection=frozenset(families), monotonic=FakeClock(0.0))
+        ex = MetricsExporter(hostname="vllm-host", selection=frozenset(families), monotonic=FakeClock(0.0))
+        # the exporter reads vLLM from the tick's snapshot only: a tick of a host with no GPU
+        ex.observe(src.attach(Snapshot(ts=clock(), hostname="vllm-host", gpus=(), samples=())))
         return ex.render().replace(f"127.0.0.1:{port}".encode(), VLLM_PORT.encode())
 
     return asyncio.run(go())

@@ -167,6 +167,9 @@ class _BrokenThenFineSource:
     def observe(self, snap: Any) -> None:
         pass
 
+    def attach(self, snap: Any) -> Any:
+        return snap  # no server: the tick carries no vLLM view
+
     async def run(self, stop: asyncio.Event) -> AsyncIterator[list[Any]]:
         self.runs += 1
         if self.runs <= 2:

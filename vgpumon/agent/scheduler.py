@@ -289,12 +289,18 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
         statuses = tuple(s for s in (reading.status,) if s is not None)
         if self.kubernetes is not None:
             statuses = (*statuses, self.kubernetes.status())
+        if host is not None:
+            self._last_host = host
+        if self.host is not None:
+            statuses = (*statuses, self.host.status(self._last_host))
         snap = Snapshot(
             ts=reading.ts, hostname=self.hostname, gpus=self.source.gpus, samples=reading.samples,
             xid_events=reading.xid_events, sources=statuses, host=host, events=reading.events,
         )
         if self.kubernetes is not None:
             snap = self._attribute(snap)
+        if self.vllm is not None:  # the exporter and the API read vLLM from the tick, never the source
+            snap = self.vllm.attach(snap)
         self.latest = snap
         for observe in self.observers:
             observe(snap)

@@ -81,7 +81,5 @@ class Supervision(AgentState):
         status is put beside NVML's when the snapshot is built."""
         from vgpumon.sources.kubernetes import attach
 
-        assert self.kubernetes is not None
-        if snap.host is not None:
-            self._last_host = snap.host
+        assert self.kubernetes is not None  # _last_host: the newest host sample, kept by _take
         return attach(snap, self.kubernetes.current(), host=self._last_host)

@@ -200,7 +200,6 @@ class AgentApi:
         snap = self.agent.latest
         if snap is None:
             return json_error(503, "no tick yet: the agent is starting")
-        vllm = self.agent.vllm
         return _json({
             "hostname": snap.hostname,
             "ts": snap.ts,
@@ -212,7 +211,7 @@ class AgentApi:
             "kubernetes": plain(snap.kubernetes),
             "events": plain(snap.events),
             "sources": plain(snap.sources),
-            "vllm": [plain(s) for s in (vllm.servers.values() if vllm is not None else ()) if s is not None],
+            "vllm": [plain(s) for s in (snap.vllm.samples if snap.vllm is not None else ())],
         })
 
     async def _alerts(self, _request: web.Request) -> web.Response:
@@ -279,8 +278,8 @@ class AgentApi:
             return
         from vgpumon.diagnose.stacks import dump
 
-        vllm = self.agent.vllm
-        found = vllm.discovered() if vllm is not None else {}
+        snap = self.agent.latest  # the processes the newest tick saw listening where they say
+        found = snap.vllm.processes if snap is not None and snap.vllm is not None else {}
         for server in report.get("vllm", []):
             proc = found.get(server["url"])
             if proc is None:

@@ -83,7 +83,7 @@ from vgpumon.exporter.text import Family, Labels, metrics, render
 from vgpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, SourceStatus
 
 if TYPE_CHECKING:
-    from vgpumon.exporter.view import AgentView, HostSourceView, VllmView
+    from vgpumon.exporter.view import AgentView
     from vgpumon.model import PcieTopology
     from vgpumon.store.spool import Backlog
 
@@ -135,8 +135,6 @@ class MetricsExporter(VllmSeries, Collector):
             a GPU's newest reading is too old to serve.
         config: listen address, selection file, staleness (``ExporterConfig``).
         selection: family names to serve; ``None`` serves every family of the catalogue.
-        vllm: the vLLM source; its ``servers`` are read at each scrape.
-        host_source: the host source, for its rejected-value counts.
         rules: the rules engine's feed (``RulesFeed``): alerts and memory slopes.
         stats: the agent's ``AgentStats`` (ticks, rows written, store outages).
         backlog: the agent's ``Backlog`` (spool depth).
@@ -155,8 +153,6 @@ class MetricsExporter(VllmSeries, Collector):
         interval: float = 1.0,
         config: ExporterConfig | None = None,
         selection: frozenset[str] | None = None,
-        vllm: "VllmView | None" = None,
-        host_source: "HostSourceView | None" = None,
         rules: RulesFeed | None = None,
         stats: object = None,  # AgentStats (above the exporter): its counters are read by name (STATS)
         backlog: "Backlog | None" = None,
@@ -168,8 +164,6 @@ class MetricsExporter(VllmSeries, Collector):
         self.interval = interval
         self.config = config or ExporterConfig()
         self.selection = selection
-        self.vllm = vllm
-        self.host_source = host_source
         self.rules = rules
         self.stats = stats
         self.backlog = backlog
@@ -195,11 +189,11 @@ class MetricsExporter(VllmSeries, Collector):
         rules: RulesFeed | None = None,
     ) -> "MetricsExporter":
         """An exporter over ``agent``: it observes every tick (one of the agent's ``observers``,
-        called on the thread that takes the tick) and reads the agent's sources, stats, backlog
-        and topology at scrape time."""
+        called on the thread that takes the tick), whose snapshots carry every source's readings
+        and status (the vLLM servers' included); it reads the agent's stats, backlog and topology
+        at scrape time."""
         exporter = cls(
-            hostname=agent.hostname, interval=agent.interval, config=config, selection=selection, vllm=agent.vllm,
-            host_source=agent.host, rules=rules, stats=agent.stats, backlog=agent.backlog,
+            hostname=agent.hostname, interval=agent.interval, config=config, selection=selection, rules=rules, stats=agent.stats, backlog=agent.backlog,
             topology=lambda: agent.topology, monotonic=agent.monotonic, wall=None if agent.paced else time.time,
         )
         agent.observers.append(exporter.observe)
@@ -269,8 +263,8 @@ class MetricsExporter(VllmSeries, Collector):
             if fresh and self._host is not None:
                 self._host_series(fams, self._host)
             self._topology(fams, snap)
-        if self.vllm is not None:
-            self._servers(fams, snap)
+        if snap is not None and snap.vllm is not None:
+            self._servers(fams, snap, snap.vllm)
         if self.rules is not None:
             self._alerts(fams)
         self._agent(fams, snap, fresh)
@@ -439,8 +433,8 @@ class MetricsExporter(VllmSeries, Collector):
             )
 
     def statuses(self, snap: Snapshot | None = None, fresh: bool | None = None) -> list[SourceStatus]:
-        """Each source's status as served: those the snapshot carries (NVML's, the kubelet's),
-        down when the ticks stopped; the host's and vLLM's from their newest samples."""
+        """Each source's status as served: those the snapshot carries (NVML's, the kubelet's, the
+        host's, vLLM's), down when the ticks stopped."""
         snap = self._snap if snap is None else snap
         fresh = self.fresh() if fresh is None else fresh
         out: list[SourceStatus] = []
@@ -452,17 +446,6 @@ class MetricsExporter(VllmSeries, Collector):
                     # the capture's time in a replay: moved to the wall clock it was taken in at
                     st = dataclasses.replace(st, last_success_ts=st.last_success_ts + self._offset)
                 out.append(st)
-        if self.host_source is not None:
-            h = self._host
-            rejected = dict(getattr(self.host_source, "rejected", {}))
-            out.append(SourceStatus("host", fresh and h is not None, h.ts if h is not None else None, float("nan"), rejected))
-        if self.vllm is not None:
-            now, too_old = self.vllm.clock(), 3 * self.vllm.interval
-            samples = [s for s in self.vllm.servers.values() if s is not None]
-            recent = [s for s in samples if now - s.ts <= too_old]
-            last = max((s.ts for s in samples), default=None)
-            duration = max((s.scrape_seconds for s in recent if s.scrape_seconds is not None), default=float("nan"))
-            out.append(SourceStatus("vllm", bool(recent) or not samples, last, duration))
         return out
 
     def _agent(self, fams: dict[str, Family], snap: Snapshot | None, fresh: bool) -> None:

@@ -1,25 +1,21 @@
 """The vLLM servers' series of ``/metrics``: each fresh server's state, telemetry, latency and
 engine readings under the labels vLLM itself uses (``model_name``, ``engine``); a server whose
-newest poll is older than three poll intervals is left out. A part of ``MetricsExporter``."""
+newest poll is older than three poll intervals is left out. They are read from the tick's
+snapshot (``Snapshot.vllm``), never from the source. A part of ``MetricsExporter``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
 
 from vgpumon.exporter import plans
 from vgpumon.exporter.text import Family, Labels
-from vgpumon.model import ServerSample, Snapshot
-
-if TYPE_CHECKING:
-    from vgpumon.exporter.view import VllmView
+from vgpumon.model import ServerSample, Snapshot, VllmServers
 
 
 class VllmSeries:
     """The vLLM part of ``MetricsExporter``: what it reads of the exporter is declared here."""
 
     hostname: str
-    vllm: "VllmView | None"
 
     def _cached(self, key: tuple[Hashable, ...], make: Callable[[], Labels]) -> Labels:
         raise NotImplementedError  # MetricsExporter's
@@ -44,14 +40,9 @@ class VllmSeries:
 
         return self._cached(("engine", base.items, model, engine), make)
 
-    def _servers(self, fams: dict[str, Family], snap: Snapshot | None) -> None:
-        assert self.vllm is not None
-        now = self.vllm.clock()
-        too_old = 3 * self.vllm.interval
-        index = {g.uuid: g.index for g in snap.gpus} if snap is not None else {}
-        for smp in self.vllm.servers.values():
-            if smp is None or now - smp.ts > too_old:
-                continue
+    def _servers(self, fams: dict[str, Family], snap: Snapshot, view: VllmServers) -> None:
+        index = {g.uuid: g.index for g in snap.gpus}
+        for smp in view.recent():
             base = self._server_base(smp)
             if (fam := fams.get(plans.SERVER_INFO)) is not None:
                 fam.add(base.plus("version", smp.version) if smp.version else base, 1.0)

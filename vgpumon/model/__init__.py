@@ -26,7 +26,7 @@ from vgpumon.model.kubernetes import (
     ProcessAttribution,
 )
 from vgpumon.model.topology import PcieHop, PcieTopology
-from vgpumon.model.vllm import EngineSample, InstanceIdentity, ServerSample, ServerState
+from vgpumon.model.vllm import EngineSample, InstanceIdentity, ServerProcess, ServerSample, ServerState, VllmServers
 
 __all__ = [
     "Alert",
@@ -45,10 +45,12 @@ __all__ = [
     "PodContainer",
     "ProcessAttribution",
     "ProcessInfo",
+    "ServerProcess",
     "ServerSample",
     "ServerState",
     "Snapshot",
     "SourceStatus",
+    "VllmServers",
     "XidEvent",
     "fingerprint",
 ]

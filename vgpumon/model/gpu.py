@@ -14,6 +14,7 @@ _new = object.__new__
 
 if TYPE_CHECKING:
     from vgpumon.model.kubernetes import KubernetesAttribution
+    from vgpumon.model.vllm import VllmServers
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +323,7 @@ class NvmlReading:
     xid_events: tuple[XidEvent, ...] = ()
     status: SourceStatus | None = None
     events: tuple[HostEvent, ...] = ()
+    vllm: VllmServers | None = None
 
 
 @dataclass(slots=True)  # built every tick: not frozen, see GpuSample
@@ -340,6 +342,8 @@ class Snapshot:
             (``vgpumon.sources.kubernetes.attach``); ``None`` off Kubernetes or without an answer.
         events: what happened during this tick (GPUs appearing or going, re-initialisations,
             clock steps, ...).
+        vllm: the vLLM source's newest sample of each server at this tick
+            (``VllmSource.attach``); ``None`` where no vLLM source runs.
     """
 
     ts: float
@@ -351,3 +355,4 @@ class Snapshot:
     host: HostSample | None = None
     kubernetes: KubernetesAttribution | None = None
     events: tuple[HostEvent, ...] = ()
+    vllm: VllmServers | None = None

@@ -198,3 +198,39 @@ def latency_for_alerts(sample: ServerSample | Mapping[str, Any], histogram: str,
     else:
         flagged, value = sample.get("latency_unreliable") or {}, sample.get(f"{histogram}_p{percentile}_seconds")
     return None if histogram in flagged else value
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """A vLLM server found in the process table, as a tick saw it: the PIDs ``diagnose --stacks``
+    may dump (the API server's and its engines'), and no others."""
+
+    pid: int
+    engine_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VllmServers:
+    """The vLLM source's view at one tick, carried by the ``Snapshot`` so that the exporter and the
+    API read ticks only, never a source's live state.
+
+    Attributes:
+        samples: the newest sample of each server tracked, in the source's order (a server polled
+            but never answered has none).
+        interval: seconds between polls; a sample older than three of them is not served.
+        read_at: the source's clock (epoch seconds) when the view was taken: the ages above are
+            measured from it.
+        processes: base URL → the process of each server found in the process table and
+            listening where it says (static targets, whose processes the agent cannot see, are
+            left out).
+    """
+
+    samples: tuple[ServerSample, ...] = ()
+    interval: float = 2.0
+    read_at: float = 0.0
+    processes: Mapping[str, ServerProcess] = field(default_factory=dict)
+
+    def recent(self) -> tuple[ServerSample, ...]:
+        """The samples young enough to serve: at most three poll intervals old."""
+        too_old = 3 * self.interval
+        return tuple(s for s in self.samples if self.read_at - s.ts <= too_old)

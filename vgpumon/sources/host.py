@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from vgpumon import catalogue
 from vgpumon.base.masking import mask_command_line
 from vgpumon.catalogue import Door, Rejected
-from vgpumon.model import HostSample, ProcessInfo
+from vgpumon.model import HostSample, ProcessInfo, SourceStatus
 
 if TYPE_CHECKING:
     import psutil
@@ -63,6 +63,11 @@ class HostSource:
         # Every psutil figure passes the catalogue's door like NVML's do.
         self.door = Door((*catalogue.fields_of("host_samples"), *catalogue.fields_of("gpu_process_samples")))
         self.rejected = self.door.rejected
+
+    def status(self, last: HostSample | None) -> SourceStatus:
+        """This source's status for a tick whose newest host sample is ``last`` (``None``: none
+        taken yet), with its values refused at the door so far."""
+        return SourceStatus(self.name, last is not None, last.ts if last is not None else None, float("nan"), dict(self.rejected))
 
     def sample(self, ts: float, pids: Iterable[int] = ()) -> HostSample:
         """Read the host and the given GPU-holding PIDs.

@@ -19,6 +19,7 @@ stops asking for that server's lifetime.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ from vgpumon import catalogue
 from vgpumon.base.pacing import sleep_unless
 from vgpumon.base.workers import Latch, name_os_thread
 from vgpumon.catalogue import Door
-from vgpumon.model import InstanceIdentity, ServerSample, Snapshot
+from vgpumon.model import InstanceIdentity, ServerProcess, ServerSample, Snapshot, SourceStatus, VllmServers
 from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
 from vgpumon.sources.vllm.energy import GpuEnergyLog
@@ -131,6 +132,26 @@ class VllmSource(ServerScraper):
         (static targets, whose processes the agent cannot see, are left out, and so are servers not
         yet listening where they say): the PIDs ``diagnose --stacks`` may dump, and no others."""
         return {s.identity.url: s.process for s in self._servers.values() if s.process is not None and s.process.listening}
+
+    def attach(self, snap: Snapshot) -> Snapshot:
+        """``snap`` carrying this source's view (``Snapshot.vllm``) and its status among the
+        snapshot's sources: what the exporter and the API serve of vLLM. Called with each tick
+        on the sampling thread while a poll may run on the event loop: the tracked servers are
+        copied whole (one C-level copy under the GIL) and each sample is immutable."""
+        tracked = tuple(self._servers.values())
+        samples = tuple(t.last for t in tracked if t.last is not None)
+        processes = {
+            t.identity.url: ServerProcess(t.process.pid, tuple(t.process.engine_pids))
+            for t in tracked if t.process is not None and t.process.listening
+        }
+        view = VllmServers(samples=samples, interval=self.interval, read_at=self.clock(), processes=processes)
+        recent = view.recent()
+        status = SourceStatus(
+            "vllm", bool(recent) or not samples, max((s.ts for s in samples), default=None),
+            max((s.scrape_seconds for s in recent if s.scrape_seconds is not None), default=float("nan")),
+            dict(self.rejected),
+        )
+        return dataclasses.replace(snap, vllm=view, sources=(*snap.sources, status))
 
     async def poll(self) -> list[ServerSample]:
         """One poll of every server: discovery, concurrent scrapes, state, derived figures.
