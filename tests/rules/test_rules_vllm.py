@@ -60,7 +60,7 @@ def two_engines(body: str) -> str:
 
 
 def run(script: Callable[[int, FakeVllmServer], object], polls: int, interval: float = 10.0, started: bool = True,
-        engines: tuple[int, ...] = ()):
+        engines: tuple[int, ...] = (), **source_kw):
     """Poll one discovered server ``polls`` times, ``interval`` seconds apart on a fake clock;
     ``script(i, server)`` sets what the server answers before poll ``i`` (it may be a coroutine);
     ``engines``: the pids of its engine processes (real processes, whose state psutil reads)."""
@@ -71,7 +71,7 @@ def run(script: Callable[[int, FakeVllmServer], object], polls: int, interval: f
         server = FakeVllmServer(port=port, version="0.32.0", models=["tiny"])
         table = FakeProcessTable([VllmProcess(pid=4242, create_time=clock.now - 30, host="127.0.0.1", port=port,
                                               pids=(4242, *engines), engine_pids=engines)])
-        src = source(clock, processes=table, interval=interval)
+        src = source(clock, processes=table, interval=interval, **source_kw)
         out: list[ServerSample] = []
         try:
             if started:

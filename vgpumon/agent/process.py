@@ -177,11 +177,17 @@ def run(plan: Plan) -> int:
     vllm = None
     v = plan["vllm"]
     if v["enabled"] and (replay is None or v["urls"]):
+        from vgpumon.config.thresholds import Thresholds
+        from vgpumon.rules.catalogue import rule_names
         from vgpumon.sources.vllm import NoProcesses, VllmSource
+        from vgpumon.sources.vllm.slo import SloTargets
 
+        # the SLO targets are the rules' thresholds: one setting for the figure and its alert
+        th = Thresholds.from_mapping(plan["rules"]["thresholds"], rule_names)
+        slo = SloTargets(th.vllm_slo_ttft_seconds, th.vllm_slo_itl_seconds, th.vllm_slo_window_seconds)
         # a replay reads a recorded host: only configured servers, no discovery on this one
         vllm = VllmSource(static_urls=v["urls"], processes=NoProcesses() if replay else None, interval=v["interval"],
-                           probe_timeout=v["probe_timeout"])
+                           probe_timeout=v["probe_timeout"], slo=slo)
     from pathlib import Path
 
     backlog = Backlog(Path(a["spool"]), max_spool_bytes=a["spool_max_mb"] << 20, max_memory_rows=a["buffer_max_rows"])

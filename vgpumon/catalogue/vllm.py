@@ -79,6 +79,36 @@ def _quantiles() -> tuple[Field, ...]:
     return tuple(out)
 
 
+def _slo() -> tuple[Field, ...]:
+    # SLO attainment over the window (vgpumon.sources.vllm.slo; docs/vllm.md, "SLO attainment")
+    out = []
+    for key, what, target in (("ttft", "requests whose time to first token", "vllm_slo_ttft_seconds"),
+                              ("itl", "inter-token intervals whose latency", "vllm_slo_itl_seconds")):
+        metric, short = _HISTOGRAMS[key][1], _HISTOGRAMS[key][3]
+        out += [
+            _poll(
+                f"{key}_slo_attainment_ratio", "gauge", "ratio",
+                f"Share of the {what} stayed within its target ({target}) over the SLO window; none without observations.",
+                f"{metric} bucket increments over vllm_slo_window_seconds, intervals flagged unreliable left out; "
+                "a target between bucket bounds interpolated in its bucket", RATIO, lo=0, hi=1,
+                prometheus=f"vgpumon_vllm_{key}_slo_attainment_ratio", label=f"{short} SLO attainment",
+            ),
+            _poll(
+                f"{key}_slo_observations", "gauge", "count",
+                f"Observations of the {_HISTOGRAMS[key][0]} histogram the SLO attainment was computed from (its window).",
+                f"{metric}_count increments over vllm_slo_window_seconds", MILLI, lo=0, hi=_TOKENS_MAX,
+                prometheus=f"vgpumon_vllm_{key}_slo_observations", display="number", label=f"{short} SLO observations",
+            ),
+            _poll(
+                f"{key}_slo_interpolated", "flag", "bool",
+                f"1 when the {short} target lies between bucket bounds and the attainment is interpolated in its bucket.",
+                f"{metric} bucket bounds (le)", BOOL, lo=0, hi=1,
+                prometheus=f"vgpumon_vllm_{key}_slo_interpolated", label=f"{short} SLO interpolated",
+            ),
+        ]
+    return tuple(out)
+
+
 SAMPLES: tuple[Field, ...] = (
     _poll(
         "state", "enum", "code", "Server state: starting, ready, busy, idle, hung, sleeping, telemetry_down, dead, "
@@ -165,6 +195,7 @@ SAMPLES: tuple[Field, ...] = (
         decode={v: k for k, v in PREFIX_CACHE_UNITS.items()}, display="decoded", label="prefix-cache unit",
     ),
     *_quantiles(),
+    *_slo(),
     _poll(
         "kv_block_size", "gauge", "tokens", "Tokens per KV-cache block.", "vllm:cache_config_info{block_size}", INT32,
         lo=1, hi=2**16, prometheus="vgpumon_vllm_kv_cache_block_size_tokens", display="number", label="block size",

@@ -188,6 +188,12 @@ class Thresholds:
         vllm_early_ttft_factor: … and early TTFT p95 this many times the steady p50 of TTFT p95,
             and above ``vllm_early_ttft_min_seconds``, is ``VllmTrafficBeforeWarm``.
         vllm_early_ttft_min_seconds: see above.
+        vllm_slo_ttft_seconds: a request's time to first token within this meets its SLO …
+        vllm_slo_itl_seconds: … and an inter-token interval within this (the vLLM source reads
+            both targets; docs/vllm.md, "SLO attainment").
+        vllm_slo_window_seconds: attainment is the share over this sliding window.
+        vllm_slo_ttft_objective_ratio, vllm_slo_itl_objective_ratio: attainment below this is
+            ``VllmSloAttainmentLow`` (for its ``for``, 5 min by default).
         vllm_hung_for_seconds: ``VllmServerHung`` after this long hung.
         vllm_dead_window_seconds: a dead server stays ``VllmServerDead`` this long after its last
             poll (the agent stops polling a start whose process is gone).
@@ -252,6 +258,11 @@ class Thresholds:
     vllm_steady_after_seconds: float = 300.0
     vllm_early_ttft_factor: float = 5.0
     vllm_early_ttft_min_seconds: float = 1.0
+    vllm_slo_ttft_seconds: float = 0.5
+    vllm_slo_itl_seconds: float = 0.05
+    vllm_slo_window_seconds: float = 300.0
+    vllm_slo_ttft_objective_ratio: float = 0.99
+    vllm_slo_itl_objective_ratio: float = 0.95
     vllm_hung_for_seconds: float = 60.0
     vllm_dead_window_seconds: float = 3600.0
     vllm_recent_start_seconds: float = 3600.0

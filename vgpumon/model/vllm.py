@@ -89,7 +89,8 @@ class ServerSample:
         (``"full"``, ``"limited"`` without ``vllm:`` metrics, ``"down"``), running, waiting
         (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
         *_per_second rates from counters, prefix_cache_hit_ratio (+ unit of the counters),
-        latency quantiles in seconds, kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
+        latency quantiles in seconds, ttft_slo_* and itl_slo_* (SLO attainment over the window:
+        ``vgpumon.sources.vllm.slo``), kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
         sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
         server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
         scrape_seconds (wall time of this server's requests), generation_tokens_total (the
@@ -146,6 +147,12 @@ class ServerSample:
     e2e_p50_seconds: float | None = None
     e2e_p95_seconds: float | None = None
     e2e_p99_seconds: float | None = None
+    ttft_slo_attainment_ratio: float | None = None
+    ttft_slo_observations: float | None = None
+    ttft_slo_interpolated: bool | None = None
+    itl_slo_attainment_ratio: float | None = None
+    itl_slo_observations: float | None = None
+    itl_slo_interpolated: bool | None = None
     queue_p50_seconds: float | None = None
     queue_p95_seconds: float | None = None
     queue_p99_seconds: float | None = None

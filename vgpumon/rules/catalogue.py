@@ -3,7 +3,7 @@ for (``rules/*.rules.yml``), in the order reports list them."""
 
 from __future__ import annotations
 
-from vgpumon.rules import gpu, leak, pcie, source, straggler, vllm, xid_class
+from vgpumon.rules import gpu, leak, pcie, slo, source, straggler, vllm, xid_class
 from vgpumon.rules.core import Rule
 
 #: Prometheus rule groups: group name → the rules in it (one file per group).
@@ -11,7 +11,7 @@ GROUPS: dict[str, tuple[Rule, ...]] = {
     "vgpumon-gpu-health": gpu.RULES,
     "vgpumon-gpu-memory": leak.RULES,
     "vgpumon-pcie": pcie.RULES,
-    "vgpumon-vllm": vllm.RULES,
+    "vgpumon-vllm": vllm.RULES + slo.RULES,
     "vgpumon-sources": source.RULES,
     "vgpumon-xid": xid_class.RULES,
     "vgpumon-stragglers": straggler.RULES,

@@ -24,6 +24,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from vgpumon.sources.vllm.metrics import Histogram, MetricsReading
+from vgpumon.sources.vllm.slo import SLO_HISTOGRAMS, SloTargets, SloWindow, share_within
 
 QUANTILES = (0.5, 0.95, 0.99)
 
@@ -186,8 +187,9 @@ class IntervalDeriver:
     def __init__(self) -> None:
         self._prev: MetricsReading | None = None
         self._prev_ts: float | None = None
+        self._slo: dict[str, SloWindow] = {}
 
-    def step(self, ts: float, reading: MetricsReading) -> dict[str, Any]:
+    def step(self, ts: float, reading: MetricsReading, slo: SloTargets | None = None) -> dict[str, Any]:
         """Figures for the interval that ends with ``reading`` at ``ts`` (epoch seconds).
 
         Returns:
@@ -200,6 +202,8 @@ class IntervalDeriver:
             scrape (no interval yet), for absent metrics, and for quantiles of an interval
             without observations. ``latency_unreliable``: histogram name → why its quantiles
             cannot be true (``implausible``), for the histograms that say so (empty otherwise).
+            ``ttft_slo_*`` / ``itl_slo_*``: attainment over ``slo``'s window (``vgpumon.sources.vllm.slo``),
+            fed only by intervals not flagged unreliable.
         """
         prev, prev_ts = self._prev, self._prev_ts
         self._prev, self._prev_ts = reading, ts
@@ -260,6 +264,14 @@ class IntervalDeriver:
             why = implausible(merged, total, qs) if any(v is not None for v in qs.values()) else None
             if why is not None:
                 unreliable[hist] = why
+            if hist in SLO_HISTOGRAMS:
+                targets = slo or SloTargets()
+                win = self._slo.setdefault(hist, SloWindow(targets.window_seconds))
+                win.add(ts, None if why is not None or prev is None else share_within(merged, targets.target(hist)))
+                ratio, n, interpolated = win.figure()
+                out[f"{hist}_slo_attainment_ratio"] = ratio
+                out[f"{hist}_slo_observations"] = n if prev is not None else None
+                out[f"{hist}_slo_interpolated"] = interpolated if ratio is not None else None
         out["latency_unreliable"] = unreliable
         return out
 

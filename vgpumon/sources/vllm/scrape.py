@@ -35,6 +35,7 @@ from vgpumon.sources.vllm.metrics import (
     parse_version,
     prefix_cache_unit,
 )
+from vgpumon.sources.vllm.slo import SloTargets
 from vgpumon.sources.vllm.state import (
     CONNECTION,
     ENGINE_WORKING_CPU,
@@ -112,6 +113,7 @@ class ServerScraper:
     max_response_bytes: int
     hang_after: int
     probe_timeout: float
+    slo: SloTargets
     activity: GpuActivityLog
     energy_log: GpuEnergyLog
     door: Door
@@ -250,7 +252,7 @@ class ServerScraper:
         running = waiting = kv_usage = kv_mean = None
         sleep_state = None
         if reading is not None:
-            derived = srv.deriver.step(now, reading)
+            derived = srv.deriver.step(now, reading, self.slo)
             running, waiting = reading.running, reading.waiting
             kv_usage, kv_mean = reading.kv_cache_usage_ratio, reading.kv_cache_usage_mean_ratio
             sleep_state = reading.sleep_state

@@ -37,6 +37,7 @@ from vgpumon.sources.vllm.activity import GpuActivityLog
 from vgpumon.sources.vllm.discovery import ProcessTable, PsutilProcessTable, VllmProcess
 from vgpumon.sources.vllm.energy import GpuEnergyLog
 from vgpumon.sources.vllm.scrape import ServerScraper, TrackedServer
+from vgpumon.sources.vllm.slo import SloTargets
 from vgpumon.sources.vllm.state import Lifecycle
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "GpuActivityLog", "VllmSource"]
@@ -67,6 +68,7 @@ class VllmSource(ServerScraper):
         max_response_bytes: larger bodies are errors (``"too large"``), read no further.
         hang_after: scrapes with work queued and token counters flat before "hung"; also the
             polls an engine process must stay stopped (``T``) or in ``D``.
+        slo: SLO targets and window of the attainment figures (``vgpumon.sources.vllm.slo``).
         probe_timeout: deadline in seconds of the one-token generation probe sent to a server
             that reads idle while clients wait on it (``hang.HangWatch``); 0 turns it off.
         session: an aiohttp session to use (created on first poll otherwise, closed by
@@ -86,6 +88,7 @@ class VllmSource(ServerScraper):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         hang_after: int = 3,
         probe_timeout: float = 10.0,
+        slo: SloTargets | None = None,
         session: aiohttp.ClientSession | None = None,
         activity: GpuActivityLog | None = None,
     ) -> None:
@@ -98,6 +101,7 @@ class VllmSource(ServerScraper):
         self.max_response_bytes = max_response_bytes
         self.hang_after = hang_after
         self.probe_timeout = probe_timeout
+        self.slo = slo or SloTargets()
         self.activity = activity or GpuActivityLog()
         self.energy_log = GpuEnergyLog()
         self._session = session
