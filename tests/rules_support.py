@@ -56,12 +56,13 @@ def idle_full(repeat: int = 1) -> tuple[dict, list]:
 
 
 def replay(url: str, header: dict, ticks: list, *, hostname: str = "h", sysfs_root: Any = None,
-           thresholds: Thresholds | None = None) -> Agent:
+           thresholds: Thresholds | None = None, rules: bool = True) -> Agent:
     """Replay through the agent, rules evaluated as the agent evaluates them (every 5 s of data
-    time, each rule at its own cadence), alerts stored."""
+    time, each rule at its own cadence), alerts stored; ``rules=False``: an agent with its rules
+    off (no alert rows)."""
     source = NvmlSource(scenarios.backend(header, ticks), slow_every=int(header.get("slow_every", 10)))
     store = open_store(url)
-    runner = RuleRunner(Engine(thresholds), sinks=[LogSink()], wall=None)
+    runner = RuleRunner(Engine(thresholds), sinks=[LogSink()], wall=None) if rules else None
     # a generous call deadline: on a loaded machine a replayed read past half the interval is
     # taken as wedged (GpuUnreadable), which the watchdog's own tests check, not the rules'
     agent = Agent(source, store, hostname=hostname, paced=False, rules=runner, call_deadline=30.0,

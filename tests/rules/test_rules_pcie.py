@@ -111,3 +111,29 @@ def test_an_alert_still_firing_when_the_agent_stopped_is_in_the_post_mortem(tmp_
     assert "nothing firing now; 1 warning earlier in the window: GpuPcieSaturated GPU 0 from " in headline, headline
     assert "open at the agent's last evaluation" in headline
     assert "still firing at the agent's last evaluation" in text
+    # the stored lifecycle is what is shown, and the report says so
+    assert report["evaluation"]["by"] == "agent" and report["evaluation"]["alert_rows"] >= 1
+    assert report["evaluation"]["agent_last_evaluation"] is not None
+    assert "Alert lifecycle: the agent's stored alert lifecycle" in text
+    assert "diagnose's own evaluation" not in text
+
+
+def test_without_alert_rows_the_report_says_its_verdicts_are_its_own_evaluation(tmp_path):
+    """The recorded copy phase stored by an agent with its rules off: no alert rows. diagnose's
+    own evaluation of the stored window fills in (GpuPcieSaturated at the end), and the text and
+    the JSON say that these verdicts are diagnose's, not an agent's."""
+    header, ticks = copy_phase(minutes=7)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, header, ticks, rules=False)
+    assert stored_alerts(url) == []
+    store = Store(url)
+    try:
+        report = build_report(store, "h", window_seconds=600)
+    finally:
+        store.close()
+    assert [a["name"] for a in report["alerts"] if a["state"] == "firing"] == ["GpuPcieSaturated"]
+    ev = report["evaluation"]
+    assert (ev["by"], ev["alert_rows"], ev["agent_last_evaluation"]) == ("diagnose", 0, None)
+    assert json.loads(json.dumps(report))["evaluation"] == ev
+    headline = render_diagnose(report, width=300).splitlines()[0]
+    assert "verdicts from diagnose's own evaluation of the stored window: no agent evaluated" in headline, headline

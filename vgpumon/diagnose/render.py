@@ -186,6 +186,9 @@ def _verdict(report: Report, out: Console) -> None:
     source = report.get("source")
     if source:
         head.append(f"; from {source['kind']} {source['where']}", style="dim")
+    ev = report.get("evaluation")
+    if ev and ev["by"] == "diagnose":
+        head.append(f"; verdicts from {ev['note']}", style="yellow")
     out.print(head, soft_wrap=True)
     for f in v["reasons"]:
         lead = Text("  ")
@@ -498,6 +501,12 @@ def _earlier(episodes: list[Earlier]) -> str:
 
 def _history(report: Report, out: Console) -> None:
     hist = report.get("alert_history") or []
+    ev = report.get("evaluation")
+    if ev and ev["by"] == "agent":
+        out.print()
+        last = ev["agent_last_evaluation"]
+        out.print(Text(f"Alert lifecycle: {ev['note']}; {ev['alert_rows']} stored episodes"
+                       + (f", newest evaluation {_clock(last)} UTC" if last else ""), style="dim"), soft_wrap=True)
     if not hist:
         return
     out.print()

@@ -25,7 +25,17 @@ from vgpumon.diagnose.findings import (
     unreadable_now,
     verdict,
 )
-from vgpumon.diagnose.schema import AlertEpisode, AlertRecord, Earlier, Finding, Report, Status, XidEntry, XidEventEntry
+from vgpumon.diagnose.schema import (
+    AlertEpisode,
+    AlertRecord,
+    Earlier,
+    Evaluation,
+    Finding,
+    Report,
+    Status,
+    XidEntry,
+    XidEventEntry,
+)
 
 if TYPE_CHECKING:
     from vgpumon.config.thresholds import Thresholds
@@ -140,6 +150,18 @@ def _stored_episodes(episodes: list[Alert], open_now: list[Alert], by_uuid: dict
         out.append({**alert_record(a), "gpu": gpu, "open_at_last_evaluation": still_open,
                     "last_evaluated_at": a.last_eval if still_open else None})
     return out
+
+
+def _evaluation(rows: int, last_eval: float | None) -> Evaluation:
+    """Whose verdicts these are (docs/diagnose.md, "Whose verdicts"): with the agent's alert rows
+    the stored lifecycle gives the alerts their start and the episodes that paged; without any, no
+    agent evaluated and diagnose's own evaluation of the stored window is all there is."""
+    if rows:
+        return {"by": "agent", "alert_rows": rows, "agent_last_evaluation": iso(last_eval) if last_eval is not None else None,
+                "note": "the agent's stored alert lifecycle (episodes, their start, open at its last evaluation)"}
+    return {"by": "diagnose", "alert_rows": 0, "agent_last_evaluation": None,
+            "note": "diagnose's own evaluation of the stored window: no agent evaluated "
+                    "(the store holds no alert rows for this host)"}
 
 
 def _earlier_in_window(report: Report, start: float, end: float) -> list[Earlier]:
@@ -292,6 +314,7 @@ def build_report(
         ))
     report["alerts"] = [alert_record(a) for a in open_alerts]
     report["alert_history"] = _stored_episodes(episodes, open_alerts, by_uuid, end)
+    report["evaluation"] = _evaluation(*repo.evaluated(hostname))
 
     # -- diagnose's own observations ---------------------------------------------------------------
     for g in gpus:

@@ -403,6 +403,17 @@ class XidEntry(XidWords):
     events: list[XidEventEntry]
 
 
+class Evaluation(TypedDict):
+    """Whose verdicts the report shows: ``agent`` when the store holds the agent's alert rows for
+    the host (the stored lifecycle: start times, episodes, open at its last evaluation), else
+    ``diagnose``: no agent evaluated, so diagnose's own evaluation of the stored window fills in."""
+
+    by: Literal["agent", "diagnose"]
+    alert_rows: int
+    agent_last_evaluation: str | None  # ISO 8601 UTC; None without alert rows
+    note: str
+
+
 class Source(TypedDict):
     """Where ``vgpumon diagnose`` got the report: its agent, its agent refusing (the report is
     the refusal), or the store."""
@@ -436,6 +447,7 @@ class Report(_Report, total=False):
     they are added."""
 
     lookback: Span  # a report with data
+    evaluation: Evaluation  # a report with data
     newest_sample_age_seconds: float  # a report with data
     store_note: str  # the CLI: how the store was read
     source: Source  # the CLI

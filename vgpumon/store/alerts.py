@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import TypedDict
 
-from sqlalchemy import ColumnElement, Engine, RowMapping, and_, or_, select
+from sqlalchemy import ColumnElement, Engine, RowMapping, and_, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.base.errors import StoreUnavailableError
@@ -99,6 +99,19 @@ class AlertRepository:
     def open_alerts(self, hostname: str) -> list[Alert]:
         """The host's pending and firing episodes (what an agent restores at start)."""
         return self._query(hostname, _T.c.state.in_(("pending", "firing")))
+
+    def evaluated(self, hostname: str) -> tuple[int, float | None]:
+        """How many alert rows the host has and the newest evaluation one of them records: no
+        rows means no agent evaluated this host's rules into this store."""
+        try:
+            with self.engine.connect() as conn:
+                n, last = conn.execute(
+                    select(func.count(), func.max(_T.c.last_eval)).select_from(_T)
+                    .join(Host.__table__, Host.id == _T.c.host_id).where(Host.hostname == hostname)
+                ).one()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return int(n), None if last is None else float(last)
 
     def history(self, hostname: str, start: float, end: float) -> list[Alert]:
         """Episodes that fired and were active at some time in ``[start, end]``, oldest first."""
