@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from vgpumon.catalogue.core import (
     BOOL,
+    BYTES_PER_SECOND,
     INT16,
     INT32,
     INT64,
@@ -36,6 +37,7 @@ ENGINE_KEY_LENGTHS: dict[str, int] = {"model_name": 255, "engine": 32}
 
 _REQUESTS_MAX = 1e6  # queued or running requests of one server: far above any batch
 _RATE_MAX = 1e9  # tokens or requests per second of one server
+_OFFLOAD_MAX = 1e13  # bytes per second of KV offload: ten times the fastest host link of 2026
 _LATENCY_MAX = 7 * 86400.0  # a latency quantile of a week is already a broken histogram
 _BLOCKS_MAX = float(2**40)
 _TOKENS_MAX = float(2**48)
@@ -193,6 +195,28 @@ SAMPLES: tuple[Field, ...] = (
         "prefix_cache_unit", "enum", "code", "What the prefix-cache counters counted: tokens or blocks.",
         "the server's version (/version) and the counter names", INT16, lo=1, hi=2,
         decode={v: k for k, v in PREFIX_CACHE_UNITS.items()}, display="decoded", label="prefix-cache unit",
+    ),
+    _poll(
+        "kv_offload_load_bytes_per_second", "gauge", "bytes_per_second",
+        "KV-cache bytes per second loaded from the offload medium (CPU memory) into the GPU over the interval: "
+        "host-to-device PCIe traffic of KV offload.",
+        "increase of vllm:kv_offload_load_bytes_total (0.33); deprecated vllm:kv_offload_total_bytes_total{transfer_type=\"CPU_to_GPU\"}",
+        BYTES_PER_SECOND, lo=0, hi=_OFFLOAD_MAX,
+        prometheus="vgpumon_vllm_kv_offload_load_bytes_per_second", label="KV offload load (H2D)",
+    ),
+    _poll(
+        "kv_offload_store_bytes_per_second", "gauge", "bytes_per_second",
+        "KV-cache bytes per second stored from the GPU to the offload medium (CPU memory) over the interval: "
+        "device-to-host PCIe traffic of KV offload.",
+        "increase of vllm:kv_offload_store_bytes_total (0.33); deprecated vllm:kv_offload_total_bytes_total{transfer_type=\"GPU_to_CPU\"}",
+        BYTES_PER_SECOND, lo=0, hi=_OFFLOAD_MAX,
+        prometheus="vgpumon_vllm_kv_offload_store_bytes_per_second", label="KV offload store (D2H)",
+    ),
+    _poll(
+        "spec_decode_acceptance_ratio", "gauge", "ratio",
+        "Speculative decoding: draft tokens accepted over draft tokens proposed in the interval.",
+        "increase of vllm:spec_decode_num_accepted_tokens_total over vllm:spec_decode_num_draft_tokens_total",
+        RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_spec_decode_acceptance_ratio", label="spec-decode acceptance",
     ),
     *_quantiles(),
     *_slo(),

@@ -88,9 +88,10 @@ class ServerSample:
         ts (epoch seconds), state, reason, health_status, metrics_error, telemetry
         (``"full"``, ``"limited"`` without ``vllm:`` metrics, ``"down"``), running, waiting
         (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
-        *_per_second rates from counters, prefix_cache_hit_ratio (+ unit of the counters),
-        latency quantiles in seconds, ttft_slo_* and itl_slo_* (SLO attainment over the window:
-        ``vgpumon.sources.vllm.slo``), kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
+        *_per_second rates from counters (kv_offload_load/store_bytes_per_second: KV offload
+        traffic to / from the GPU), prefix_cache_hit_ratio (+ unit of the counters),
+        spec_decode_acceptance_ratio, latency quantiles in seconds, ttft_slo_* and itl_slo_* (SLO
+        attainment over the window: ``vgpumon.sources.vllm.slo``), kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
         sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
         server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
         scrape_seconds (wall time of this server's requests), generation_tokens_total (the
@@ -138,6 +139,9 @@ class ServerSample:
     requests_finished_per_second: float | None = None
     prefix_cache_hit_ratio: float | None = None
     prefix_cache_unit: str | None = None
+    kv_offload_load_bytes_per_second: float | None = None
+    kv_offload_store_bytes_per_second: float | None = None
+    spec_decode_acceptance_ratio: float | None = None
     ttft_p50_seconds: float | None = None
     ttft_p95_seconds: float | None = None
     ttft_p99_seconds: float | None = None

@@ -196,7 +196,10 @@ class IntervalDeriver:
             ``prompt_tokens_per_second``, ``generation_tokens_per_second``,
             ``preemptions_per_second``, ``requests_finished_per_second`` (counter rates summed
             over series; for V0 servers without token counters the ``avg_*_throughput`` gauges),
-            ``prefix_cache_hit_ratio`` (interval hits / queries), ``tokens_advanced`` (prompt +
+            ``prefix_cache_hit_ratio`` (interval hits / queries), ``kv_offload_load_bytes_per_second``
+            (offload medium → GPU) and ``kv_offload_store_bytes_per_second`` (GPU → offload
+            medium), ``spec_decode_acceptance_ratio`` (interval accepted / draft tokens; ``None``
+            without drafts), ``tokens_advanced`` (prompt +
             generation token increase; ``None`` without counters), and ``<hist>_p50_seconds`` /
             ``_p95_`` / ``_p99_`` for ``ttft``, ``itl``, ``e2e``, ``queue``. ``None`` for the first
             scrape (no interval yet), for absent metrics, and for quantiles of an interval
@@ -239,6 +242,10 @@ class IntervalDeriver:
         out["requests_finished_per_second"] = series_rate("requests_finished")
         hits, queries = series_increase("prefix_cache_hits"), series_increase("prefix_cache_queries")
         out["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
+        out["kv_offload_load_bytes_per_second"] = series_rate("kv_offload_load_bytes")
+        out["kv_offload_store_bytes_per_second"] = series_rate("kv_offload_store_bytes")
+        accepted, drafted = series_increase("spec_decode_accepted_tokens"), series_increase("spec_decode_draft_tokens")
+        out["spec_decode_acceptance_ratio"] = accepted / drafted if accepted is not None and drafted else None
         p_inc, g_inc = series_increase("prompt_tokens"), series_increase("generation_tokens")
         out["tokens_advanced"] = None if p_inc is None and g_inc is None else (p_inc or 0.0) + (g_inc or 0.0)
         unreliable: dict[str, str] = {}

@@ -85,6 +85,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # tokens from 0.9 (deprecated then): see ``prefix_cache_unit``.
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    # KV offload (OffloadingConnector): flat per-direction counters in 0.33; the deprecated
+    # kv_offload_total_bytes splits the directions by transfer_type (docs/vllm.md).
+    "kv_offload_load_bytes": ("vllm:kv_offload_load_bytes_total", "vllm:kv_offload_total_bytes_total{CPU_to_GPU}"),
+    "kv_offload_store_bytes": ("vllm:kv_offload_store_bytes_total", "vllm:kv_offload_total_bytes_total{GPU_to_CPU}"),
+    # speculative decoding (V1): draft tokens proposed and accepted
+    "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
     # histograms (base names)
     "ttft": ("vllm:time_to_first_token_seconds",),
     # renamed in 0.11
@@ -93,7 +100,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "queue": ("vllm:request_queue_time_seconds",),
 }
 GAUGES = ("running", "waiting", "swapped", "kv_cache_usage", "prompt_throughput", "generation_throughput")
-COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions", "requests_finished", "prefix_cache_queries", "prefix_cache_hits")
+COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions", "requests_finished", "prefix_cache_queries", "prefix_cache_hits",
+            "kv_offload_load_bytes", "kv_offload_store_bytes", "spec_decode_draft_tokens", "spec_decode_accepted_tokens")
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
 SLEEP_STATE = "vllm:engine_sleep_state"  # from 0.12: one series per sleep_state, value 1 = current
 CACHE_CONFIG = "vllm:cache_config_info"
@@ -434,11 +442,15 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
 
     for canon in GAUGES + COUNTERS:
         target = gauges if canon in GAUGES else counters
-        for metric in ALIASES[canon]:
-            if metric not in samples:
+        for alias in ALIASES[canon]:
+            # "name{value}": only the samples whose transfer_type is value
+            metric, _, wanted = alias.partition("{")
+            chosen = {k: v for k, v in samples.get(metric, {}).items()
+                      if not wanted or dict(k).get("transfer_type") == wanted[:-1]}
+            if not chosen:
                 continue
             sources.setdefault(canon, metric)
-            for key, value in samples[metric].items():
+            for key, value in chosen.items():
                 sk = series_of(dict(key))
                 per = target.setdefault(sk, {})
                 if canon in GAUGES:

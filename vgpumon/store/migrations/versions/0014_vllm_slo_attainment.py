@@ -3,7 +3,7 @@ latency) the share within its target, the observations it was computed from, and
 target lay between bucket bounds (interpolated).
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-05 15:30:00.000000
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: Union[str, None] = "0012"
+down_revision: Union[str, None] = "0013"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
