@@ -252,10 +252,14 @@ def _console_script() -> Callable[[], object]:
     """The installed ``vgpumon`` console script's function (``vgpumon.__main__:main``), found
     as the program is run, through its entry point: the command line sits above this package's
     layer (docs/architecture.md), and the fuzzer drives the program as a user runs it."""
+    import importlib
     from importlib.metadata import entry_points
 
-    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "vgpumon"]
-    return cast(Callable[[], object], script.load())
+    scripts = [e for e in entry_points(group="console_scripts") if e.name == "vgpumon"]
+    if scripts:
+        return cast(Callable[[], object], scripts[0].load())
+    # a source tree run without installing it (a GPU host given the tree): the same function, by name
+    return cast(Callable[[], object], importlib.import_module("vgpumon.__main__").main)
 
 
 def _cli(data: bytes) -> None:
