@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vgpumon.base.durations import parse_duration
 from vgpumon.testing.fuzz import TARGETS, Finding, seeds
 
 pytestmark = pytest.mark.fuzz
@@ -143,6 +144,14 @@ def _toml(draw: st.DrawFn) -> bytes:
 @given(_toml() | st.binary(max_size=400) | st.sampled_from(seeds("settings")))
 def test_a_settings_file_is_read_or_refused_in_one_line(text):
     _passes_or_refuses("settings", text)
+
+
+def test_a_duration_past_any_float_is_refused_in_one_line():
+    """The long fuzz run's finding (seed 2001, 500 000 inputs): a TOML integer of 400 digits as a
+    duration ended in OverflowError, converted to a float, instead of the range's refusal."""
+    _passes_or_refuses("settings", b"[diagnose]\nwindow = " + b"1" * 400)
+    with pytest.raises(ValueError, match="at most"):
+        parse_duration(int("1" * 400))
 
 
 # -- API requests ---------------------------------------------------------------------------------

@@ -35,7 +35,12 @@ def parse_duration(value: Any, *, minimum: float = 0.0, maximum: float = MAX_DUR
     if isinstance(value, bool):
         raise ValueError("not a duration (e.g. 90s, 15m, 2h, 3d)")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past any float (a TOML file may hold one): far out of range
+            if value > 0:
+                raise ValueError(f"must be at most {format_duration(maximum)}") from None
+            raise ValueError("must be more than 0 (e.g. 90s, 15m, 2h, 3d)") from None
     else:
         text = str(value)
         m = _DURATION.fullmatch(text)
