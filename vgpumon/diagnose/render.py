@@ -506,7 +506,7 @@ def _history(report: Report, out: Console) -> None:
         out.print()
         last = ev["agent_last_evaluation"]
         out.print(Text(f"Alert lifecycle: {ev['note']}; {ev['alert_rows']} stored episodes"
-                       + (f", newest evaluation {_clock(last)} UTC" if last else ""), style="dim"), soft_wrap=True)
+                       + (f", newest evaluation {_clock(last)} UTC" if last else ""), style="dim"))
     if not hist:
         return
     out.print()
