@@ -7,7 +7,7 @@ One store query per concern, for all GPUs at once (docs/benchmarks.md, "diagnose
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
@@ -15,6 +15,9 @@ from vgpumon.diagnose.schema import Freshness, GpuTrend, PciePeak, Process, Sour
 from vgpumon.rules.leak import theil_sen
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.rollup import percentile
+
+if TYPE_CHECKING:
+    from vgpumon.config.thresholds import Thresholds
 
 #: Points of a trend (one sparkline character each).
 TREND_POINTS = 40
@@ -32,7 +35,8 @@ _PCIE = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
 # -- vLLM -------------------------------------------------------------------------------------------
 
 
-def servers(store: Store, hostname: str, start: float, end: float, index_of: dict[str, int]) -> list[VllmServer]:
+def servers(store: Store, hostname: str, start: float, end: float, index_of: dict[str, int],
+            thresholds: Thresholds | None = None) -> list[VllmServer]:
     """The host's vLLM servers seen in ``[start, end]``: the newest start of each, its newest poll.
 
     Returns:
@@ -44,9 +48,15 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
         estimate) and its mean over the recent polls, ``energy_per_token_joules``,
         ``energy_interval_joules`` and ``energy_per_token_note`` (newest poll), ``telemetry``, ``gpus`` (indices of the
         GPUs holding its processes, UUIDs of GPUs this host no longer has under ``gpu_uuids``),
-        ``newest_poll``.
+        ``newest_poll``, ``signals`` (SLO attainment, prefix-cache hits, preemptions, speculative
+        decoding, KV offload over the recent polls: ``vgpumon.diagnose.signals``; the SLO targets
+        and objectives are ``thresholds``').
     """
+    from vgpumon.config.thresholds import Thresholds as _Thresholds
+    from vgpumon.diagnose.signals import server_signals
     from vgpumon.store.vllm_repository import VllmRepository
+
+    th = thresholds or _Thresholds()
 
     repo = VllmRepository(store.engine)
     newest: dict[str, dict[str, Any]] = {}  # the store's rows
@@ -94,6 +104,7 @@ def servers(store: Store, hostname: str, start: float, end: float, index_of: dic
             "gpu_uuids": sorted(u for u in uuids if u not in index_of),
             "newest_poll": iso(last["ts"]) if last else None,
             "newest_poll_ts": last["ts"] if last else None,
+            "signals": server_signals(polls, th),
         })
     return out
 

@@ -25,6 +25,7 @@ from rich.text import Text
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
 from vgpumon.base.fmt import duration
+from vgpumon.diagnose.render_signals import signals_line, slo_line
 from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServer
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -347,8 +348,9 @@ def _servers(report: Report, out: Console) -> None:
         )
     out.print(t)
     for s in report["vllm"]:
-        if (line := _energy(s)) is not None:
-            out.print(Text(line))
+        for line in (_energy(s), slo_line(s), signals_line(s)):
+            if line is not None:
+                out.print(Text(line))
     if (host := _host_energy(report["vllm"])) is not None:
         out.print(Text(host))
     for s in report["vllm"]:

@@ -357,7 +357,12 @@ def build_report(
     report["gpus"] = blocks
 
     # -- around the GPUs ---------------------------------------------------------------------------
-    report["vllm"] = context.servers(store, hostname, look, end, index_of)
+    report["vllm"] = context.servers(store, hostname, look, end, index_of, th)
+    # the part of a PCIe finding's traffic that vLLM's KV offload moved (docs/vllm.md)
+    from vgpumon.diagnose.signals import attribute_kv_offload
+    from vgpumon.store import kv_offload
+
+    attribute_kv_offload(findings, blocks, kv_offload.by_gpu(store.engine, hostname, start, end))
     report["processes"] = context.processes(store, gpus, start, end)
     report["trends"] = context.trends(store, gpus, look, end)
     report["xids"] = _xid_section(xid_events, {g.id: g.identity.index for g in gpus}, look)

@@ -76,10 +76,22 @@ class _Finding(TypedDict):
     xids: list[FindingXid] | None
 
 
+class FindingKvOffload(TypedDict):
+    """The part of a GPU's PCIe traffic that vLLM's KV offload moved over the window (means)."""
+
+    servers: list[str]  # host:port
+    split: int  # the most GPUs one server's traffic was split across (evenly)
+    load_bytes_per_second: float  # offload medium → GPU: part of its RX
+    store_bytes_per_second: float  # GPU → medium: part of its TX
+    rx_share: float | None  # of the GPU's mean RX over the window
+    tx_share: float | None  # of its mean TX
+
+
 class Finding(_Finding, total=False):
     """One finding: a pending or firing alert of the rules, or an observation of diagnose's own."""
 
     kind: str  # diagnose's own findings only: no_data, no_samples, stale, unreadable_now, ...
+    kv_offload: FindingKvOffload  # PCIe findings of a GPU a vLLM server offloads KV through
 
 
 class Earlier(TypedDict):
@@ -309,8 +321,38 @@ class _VllmServer(TypedDict):
     newest_poll_ts: float | None
 
 
+class SloFigure(TypedDict):
+    """A server's newest attainment figure of one SLO (``vgpumon.sources.vllm.slo``)."""
+
+    target_seconds: float  # the rules' vllm_slo_ttft_seconds / vllm_slo_itl_seconds
+    objective_ratio: float
+    attainment_ratio: float | None  # None: no observation in the window
+    observations: float | None
+    interpolated: bool  # the target lies between bucket bounds
+    below_objective: bool
+
+
+class VllmSignals(TypedDict):
+    """A server's serving signals over its recent polls (``VLLM_RECENT_SECONDS``); ``None`` where
+    the server reported none (docs/diagnose.md, "vLLM servers")."""
+
+    slo_window_seconds: float
+    ttft: SloFigure
+    itl: SloFigure
+    prefix_cache_hit_ratio: float | None  # mean over the polls with a figure
+    prefix_cache_unit: str | None  # tokens or blocks
+    preemptions: float | None  # counted over the recent polls (rate × interval)
+    preemptions_per_second_max: float | None
+    spec_decode_acceptance_ratio: float | None  # mean over the polls with drafts
+    kv_offload_load_bytes_per_second: float | None  # mean: offload medium → GPUs
+    kv_offload_store_bytes_per_second: float | None  # mean: GPUs → medium
+    polls: int
+
+
 class VllmServer(_VllmServer, total=False):
     """A vLLM server seen in the look-back (its newest start and newest poll)."""
+
+    signals: VllmSignals  # the builder adds them; absent in a report from an older agent
 
     stacks: list[StackDump]  # the agent, asked for stacks
     stacks_note: str  # the agent: why this server has no stacks

@@ -1,0 +1,142 @@
+"""``diagnose`` on vLLM's serving signals: per server its SLO attainment, prefix-cache hits,
+preemptions and speculative-decoding acceptance; and the share of a saturated GPU's PCIe traffic
+that KV offload moved. The vLLM source polls fake servers serving the recorded vLLM 0.32 scrapes
+(idle, then busy) and the vLLM 0.33 KV-offload expositions (tests/data/vllm-0.33-kv-offload); the
+GPU rows are the recorded H200 copy phase, which saturates its Gen5 x16 link."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import DATA
+from rules_support import copy_phase, replay
+from vllm_support import shared_dir, source
+
+from vgpumon.diagnose.render import render_diagnose
+from vgpumon.diagnose.report import build_report
+from vgpumon.model import GpuSample, Snapshot
+from vgpumon.sources.vllm import VllmProcess
+from vgpumon.store import Store
+from vgpumon.store.vllm_repository import VllmRepository
+from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
+
+GPU = "GPU-00000000-0000-4000-8000-000000000000"
+REAL = shared_dir("fixtures", "vllm-real")
+OFFLOAD = DATA / "vllm-0.33-kv-offload"
+#: t0 → t1 of the KV-offload expositions, 10 s apart: load +11.4 GB, store +2.4 GB
+LOAD_BPS, STORE_BPS = 11.4e9 / 10, 2.4e9 / 10
+
+
+def _poll(end: float) -> list:
+    """Two servers polled twice, 10 s apart, the second poll at ``end``: ``0.32`` serves the
+    recorded idle then busy scrapes (no GPU the agent can see), ``0.33`` the KV-offload
+    expositions, its engine (pid 4243) holding the GPU."""
+
+    async def go():
+        clock = FakeClock(start=end - 10)
+        real = FakeVllmServer(port=free_port(), version="0.32.0", models=["tiny"], metrics=(REAL / "vllm-0.32.0-cpu__idle.txt").read_text())
+        kv = FakeVllmServer(port=free_port(), version="0.33.0", models=["tiny"], metrics=(OFFLOAD / "t0.txt").read_text())
+        table = [VllmProcess(pid=pid, create_time=clock.now - 600, host="127.0.0.1", port=srv.port, pids=(pid, pid + 1))
+                 for pid, srv in ((4000, real), (4242, kv))]
+        src = source(clock, processes=FakeProcessTable(table))
+        for srv in (real, kv):
+            await srv.start(srv.port)
+        out = []
+        try:
+            for step in range(2):
+                src.observe(Snapshot(ts=clock.now, hostname="h", gpus=(), samples=(
+                    GpuSample(ts=clock.now, uuid=GPU, index=0, processes=((4243, 30_000_000_000),)),)))
+                out += await src.poll()
+                if step == 0:
+                    clock.now = end
+                    real.metrics = (REAL / "vllm-0.32.0-cpu__busy.txt").read_text()
+                    kv.metrics = (OFFLOAD / "t1.txt").read_text()
+        finally:
+            await src.close()
+            for srv in (real, kv):
+                await srv.stop()
+        return out
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def report_and_text(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('kv') / 'x.db'}"
+    replay(url, *copy_phase(minutes=10))
+    store = Store(url)
+    try:
+        end = store.newest_ts([g.id for g in store.gpus_of("h")])
+        VllmRepository(store.engine).write("h", _poll(end))
+        report = build_report(store, "h", window_seconds=600, now=end)
+    finally:
+        store.close()
+    return report, render_diagnose(report, width=240)
+
+
+def _server(report, version):
+    (s,) = [s for s in report["vllm"] if s["version"] == version]
+    return s
+
+
+def test_the_saturated_links_finding_says_what_share_kv_offload_moved(report_and_text):
+    """The copy phase fills the link (about 59 GB/s RX); the server's KV offload moved 1.14 GB/s
+    into the GPU: the finding says so, and that it is 2 % of the RX — the offload is not what
+    saturates this link."""
+    report, text = report_and_text
+    (sat,) = [f for f in report["findings"] if f["alert"] == "GpuPcieSaturated"]
+    kv = sat["kv_offload"]
+    rx_mean = report["gpus"][0]["pcie"]["rx"]["mean_bytes_per_second"]
+    assert kv["servers"] == [_server(report, "0.33.0")["server"]] and kv["split"] == 1
+    assert kv["load_bytes_per_second"] == pytest.approx(LOAD_BPS)
+    assert kv["store_bytes_per_second"] == pytest.approx(STORE_BPS)
+    assert kv["rx_share"] == pytest.approx(LOAD_BPS / rx_mean)
+    assert 0.01 < kv["rx_share"] < 0.03
+    sentence = f"KV offload of vLLM {kv['servers'][0]} moved 1.14 GB/s ({kv['rx_share'] * 100:.0f} % of its RX) into the GPU"
+    assert sentence in sat["message"] and sentence in text
+
+
+def test_a_pcie_finding_without_kv_offload_says_nothing_of_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, *copy_phase(minutes=10))
+    store = Store(url)
+    try:
+        report = build_report(store, "h", window_seconds=600)
+    finally:
+        store.close()
+    (sat,) = [f for f in report["findings"] if f["alert"] == "GpuPcieSaturated"]
+    assert "kv_offload" not in sat and "KV offload" not in sat["message"]
+
+
+def test_each_server_has_its_slo_attainment_line(report_and_text):
+    """The recorded idle → busy scrapes' TTFT and inter-token histograms against the default
+    targets (0.5 s, 50 ms), both on a bucket bound: 575 of 577 requests, 45 593 of 45 608 token
+    intervals, above the objectives (99 %, 95 %); the KV-offload server serves no latency
+    histogram: no figure, said so."""
+    report, text = report_and_text
+    real, kv = _server(report, "0.32.0"), _server(report, "0.33.0")
+    ttft, itl = real["signals"]["ttft"], real["signals"]["itl"]
+    assert (ttft["observations"], itl["observations"]) == (577, 45608)
+    assert ttft["attainment_ratio"] == pytest.approx(575 / 577, abs=1e-4) and not ttft["below_objective"]
+    assert itl["attainment_ratio"] == pytest.approx(45593 / 45608, abs=1e-4) and not itl["interpolated"]
+    assert (f"{real['server']}: SLO attainment over 5 min: TTFT ≤ 500 ms: 99.7 % of 577 requests (objective 99 %); "
+            "inter-token ≤ 50 ms: 100.0 % of 45,608 token intervals (objective 95 %)") in text
+    assert kv["signals"]["ttft"]["attainment_ratio"] is None
+    assert f"{kv['server']}: SLO attainment over 5 min: TTFT ≤ 500 ms: N/A (no requests in the window; objective 99 %)" in text
+
+
+def test_prefix_cache_preemptions_and_speculative_decoding_lines(report_and_text):
+    """The busy scrape's prefix-cache hits and preemptions over the interval; the 0.33 server's
+    speculative decoding (600 of 1000 draft tokens accepted) and KV offload."""
+    report, text = report_and_text
+    real, kv = _server(report, "0.32.0"), _server(report, "0.33.0")
+    sig = real["signals"]
+    assert sig["preemptions"] is not None and sig["spec_decode_acceptance_ratio"] is None
+    # the busy scrape: 27 099 prefix-cache queries, no hit; no preemption; no draft model, no offload
+    assert f"{real['server']}: over its last 2 polls: prefix-cache hits 0.0 % of queried tokens; 0 preemptions" in text
+    line = next(t for t in text.splitlines() if t.startswith(f"{real['server']}: over its last"))
+    assert "spec-decode" not in line and "KV offload" not in line
+    assert kv["signals"]["spec_decode_acceptance_ratio"] == pytest.approx(0.6)
+    assert (f"{kv['server']}: over its last 2 polls: prefix-cache hits N/A (no queries); preemptions N/A (not reported); "
+            "spec-decode acceptance 60.0 %; KV offload 1.14 GB/s loaded into the GPUs, 0.24 GB/s stored from them (mean)") in text
