@@ -7,12 +7,20 @@ GPU rows are the recorded H200 copy phase, which saturates its Gen5 x16 link."""
 from __future__ import annotations
 
 import asyncio
+import io
+import subprocess
+import sys
 
 import pytest
-from conftest import DATA
+from conftest import DATA, KEEP_ALL
+from rich.console import Console
 from rules_support import copy_phase, replay
+from shape_support import mismatches
 from vllm_support import shared_dir, source
 
+from vgpumon.capacity import render
+from vgpumon.capacity.review import review_host
+from vgpumon.capacity.schema import HostReview
 from vgpumon.diagnose.render import render_diagnose
 from vgpumon.diagnose.report import build_report
 from vgpumon.model import GpuSample, Snapshot
@@ -62,14 +70,24 @@ def _poll(end: float) -> list:
 
 
 @pytest.fixture(scope="module")
-def report_and_text(tmp_path_factory):
+def offload_url(tmp_path_factory):
+    """The recorded copy phase for 10 min, and the two servers' polls at its end."""
     url = f"sqlite:///{tmp_path_factory.mktemp('kv') / 'x.db'}"
     replay(url, *copy_phase(minutes=10))
     store = Store(url)
     try:
         end = store.newest_ts([g.id for g in store.gpus_of("h")])
         VllmRepository(store.engine).write("h", _poll(end))
-        report = build_report(store, "h", window_seconds=600, now=end)
+    finally:
+        store.close()
+    return url
+
+
+@pytest.fixture(scope="module")
+def report_and_text(offload_url):
+    store = Store(offload_url)
+    try:
+        report = build_report(store, "h", window_seconds=600, now=store.newest_ts([g.id for g in store.gpus_of("h")]))
     finally:
         store.close()
     return report, render_diagnose(report, width=240)
@@ -140,3 +158,29 @@ def test_prefix_cache_preemptions_and_speculative_decoding_lines(report_and_text
     assert kv["signals"]["spec_decode_acceptance_ratio"] == pytest.approx(0.6)
     assert (f"{kv['server']}: over its last 2 polls: prefix-cache hits N/A (no queries); preemptions N/A (not reported); "
             "spec-decode acceptance 60.0 %; KV offload 1.14 GB/s loaded into the GPUs, 0.24 GB/s stored from them (mean)") in text
+
+
+def test_capacity_says_what_share_of_a_cards_traffic_kv_offload_moved(offload_url):
+    """``vgpumon capacity`` over the same window: the card's mean RX (the mean of its 1-minute
+    means; rolled up by ``vgpumon db prune``) against the server's 1.14 GB/s of KV loads, and the
+    share of the Gen5 x16 link."""
+    prune = subprocess.run([sys.executable, "-m", "vgpumon", "db", "prune", "--db", offload_url, *KEEP_ALL],
+                           capture_output=True, text=True, timeout=120)
+    assert prune.returncode == 0, prune.stderr
+    store = Store(offload_url)
+    try:
+        host = review_host(store, "h", window_seconds=3600)
+        out = Console(file=io.StringIO(), width=240, color_system=None)
+        render.print_review({"window_seconds": 3600.0, "add_cards": 2, "saturation_ratio": 0.8, "hosts": [host], "unknown_hosts": []}, out)
+        text = out.file.getvalue()
+    finally:
+        store.close()
+    (card,) = host["gpus"]
+    kv = card["kv_offload"]
+    assert kv["load_bytes_per_second"] == pytest.approx(LOAD_BPS) and kv["store_bytes_per_second"] == pytest.approx(STORE_BPS)
+    assert kv["rx_mean_bytes_per_second"] == pytest.approx(59e9, rel=0.05)  # the copy: 94-96 % of 63 GB/s (FACTS §1)
+    assert kv["rx_share_of_traffic"] == pytest.approx(LOAD_BPS / kv["rx_mean_bytes_per_second"])
+    assert kv["load_share_of_max_link"] == pytest.approx(LOAD_BPS / 63.0e9, rel=1e-3)
+    assert (f"GPU 0: KV offload of vLLM {kv['servers'][0]} moved 1.14 GB/s ({kv['rx_share_of_traffic'] * 100:.1f} % of its RX "
+            f"traffic; 1.8 % of the max link) in and 0.24 GB/s ({kv['tx_share_of_traffic'] * 100:.1f} % of its TX traffic) out") in text
+    assert mismatches(host, HostReview) == []

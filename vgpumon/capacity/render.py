@@ -12,7 +12,7 @@ from rich.text import Text
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
 from vgpumon.base.fmt import duration
-from vgpumon.capacity.schema import GpuCapacity, GpuDirection, HostReview, Link, Review
+from vgpumon.capacity.schema import CardKvOffload, GpuCapacity, GpuDirection, HostReview, Link, Review
 
 
 def _rate(value: float | None) -> str:
@@ -74,6 +74,9 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
     for g in h["gpus"]:
         if g["impossible"]:
             out.print(Text(f"  GPU {g['index']}: IMPOSSIBLE, {g['impossible']}", style="magenta"))
+    for g in h["gpus"]:
+        if (kv := g.get("kv_offload")) is not None:
+            out.print(Text(_kv_line(g["index"], kv)))
     if not h["shared"]:
         out.print(Text(h["note"] or "no shared switch or root port above these GPUs", style="dim"))
         return
@@ -100,6 +103,20 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
                 out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
                           f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
                           + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))
+
+
+def _kv_line(index: int, kv: CardKvOffload) -> str:
+    """``GPU 0: KV offload of vLLM 127.0.0.1:8000 moved 1.14 GB/s in (2.0 % of its RX traffic; 1.8 %
+    of the max link) and 0.24 GB/s out (6.8 % of its TX traffic), mean over the window``."""
+
+    def part(rate: float, *shares: tuple[float | None, str]) -> str:
+        said = [f"{_pct(v)} of {what}" for v, what in shares if v is not None]
+        return _rate(rate) + (f" ({'; '.join(said)})" if said else "")
+
+    load = part(kv["load_bytes_per_second"], (kv["rx_share_of_traffic"], "its RX traffic"), (kv["load_share_of_max_link"], "the max link"))
+    store = part(kv["store_bytes_per_second"], (kv["tx_share_of_traffic"], "its TX traffic"))
+    split = f"; split evenly over the server's {kv['split']} GPUs" if kv["split"] > 1 else ""
+    return f"  GPU {index}: KV offload of vLLM {', '.join(kv['servers'])} moved {load} in and {store} out, mean over the window{split}"
 
 
 def _card_share(g: GpuCapacity, d: str) -> Text:

@@ -20,6 +20,9 @@ How the figures are made (docs/capacity.md):
 * Shares use the max link as the denominator (FACTS §2), the negotiated link beside it. A card
   is saturated by the rules' test (TX or RX p95 at the saturation ratio); a share above 100 %
   of a link is impossible (``IMPOSSIBLE_SHARE``), which names what to check, and never saturated.
+* KV offload: a card that a vLLM server offloads KV through (``vgpumon.store.kv_offload``) says
+  the mean bytes/s the offload moved in each direction, as a share of the card's mean traffic in
+  that direction (the mean of its per-minute means) and of its max link.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 from vgpumon.base.fmt import iso
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.capacity.schema import (
+    CardKvOffload,
     GpuCapacity,
     GpuDirection,
     HostReview,
@@ -40,7 +44,8 @@ from vgpumon.capacity.schema import (
     SharedPort,
     WindowStats,
 )
-from vgpumon.store import Store
+from vgpumon.store import Store, kv_offload
+from vgpumon.store.kv_offload import GpuKvOffload, share
 from vgpumon.store.rollup import percentile
 from vgpumon.store.tables import decode_rollup
 
@@ -64,7 +69,9 @@ def _col(direction: str, stat: str) -> str:
 
 
 COL = {(d, s): _col(d, s) for d in DIRECTIONS for s in STATS}
-COLUMNS = tuple(COL.values()) + _LINK
+#: Per-minute means: the denominators of the share of a card's traffic that KV offload moved.
+MEAN = {d: _col(d, "mean") for d in DIRECTIONS}
+COLUMNS = tuple(COL.values()) + tuple(MEAN.values()) + _LINK
 
 #: Per-minute columns as ``rollup_columns`` gives them: column → the minute values, oldest first
 #: (stored integers, ``None`` where NULL; ``ts``, epoch ms, never is).
@@ -85,6 +92,27 @@ def _window_stats(per_minute: Minutes, direction: str) -> WindowStats:
         return value
 
     return {"p50": one("p50"), "p95": one("p95"), "p99": one("p99"), "max": one("max")}
+
+
+def _window_mean(per_minute: Minutes, direction: str) -> float | None:
+    """The mean of a direction's per-minute means (minutes weigh the same), decoded."""
+    values = [v for v in per_minute.get(MEAN[direction], ()) if v is not None]
+    if not values:
+        return None
+    mean: float | None = decode_rollup(MEAN[direction], sum(values) / len(values))
+    return mean
+
+
+def _kv_offload(kv: GpuKvOffload, minutes: Minutes, cap_max: float | None) -> CardKvOffload:
+    """The KV-offload traffic charged to a card against its own traffic and its max link."""
+    rx, tx = _window_mean(minutes, "rx"), _window_mean(minutes, "tx")
+    return {
+        "servers": list(kv["servers"]), "split": kv["split"], "polls": kv["polls"],
+        "load_bytes_per_second": kv["load_bytes_per_second"], "store_bytes_per_second": kv["store_bytes_per_second"],
+        "rx_mean_bytes_per_second": rx, "tx_mean_bytes_per_second": tx,
+        "rx_share_of_traffic": share(kv["load_bytes_per_second"], rx), "tx_share_of_traffic": share(kv["store_bytes_per_second"], tx),
+        "load_share_of_max_link": _share(kv["load_bytes_per_second"], cap_max),
+    }
 
 
 def _worst(*shares: float | None) -> float | None:
@@ -162,6 +190,7 @@ def review_host(
     out["window"] = {"start": iso(start), "end": iso(end), "seconds": window_seconds}
     out["minutes"] = len({t for c in cols.values() for t in c["ts"]})
     by_uuid = {}
+    offload = kv_offload.by_gpu(store.engine, hostname, start, end)
     for g in gpus:
         ident = g.identity
         c = cols[g.id]
@@ -194,6 +223,8 @@ def review_host(
             out["saturated_gpus"].append(ident.index)
         if series:
             entry["series"] = {"tx": _series(c, "tx"), "rx": _series(c, "rx")}
+        if ident.uuid in offload:
+            entry["kv_offload"] = _kv_offload(offload[ident.uuid], c, cap_max)
         out["gpus"].append(entry)
         by_uuid[ident.uuid] = g
 

@@ -68,10 +68,26 @@ class _GpuCapacity(TypedDict):
     impossible: str | None  # a p95 above the max link: what to check (the link speed, the readings)
 
 
+class CardKvOffload(TypedDict):
+    """The part of a card's PCIe traffic that vLLM's KV offload moved over the window (means)."""
+
+    servers: list[str]  # host:port of the servers offloading through it
+    split: int  # the most GPUs one server's traffic was split across (evenly)
+    polls: int  # vLLM polls with a figure in the window
+    load_bytes_per_second: float  # offload medium → GPU: part of its RX
+    store_bytes_per_second: float  # GPU → medium: part of its TX
+    rx_mean_bytes_per_second: float | None  # the card's mean RX over the window
+    tx_mean_bytes_per_second: float | None
+    rx_share_of_traffic: float | None  # load over the card's mean RX (at most 1)
+    tx_share_of_traffic: float | None  # store over its mean TX
+    load_share_of_max_link: float | None
+
+
 class GpuCapacity(_GpuCapacity, total=False):
     """One card's PCIe load over the window against its links."""
 
     series: Series  # series=True (the HTML plots); never in --json
+    kv_offload: CardKvOffload  # a card a vLLM server offloads KV through
 
 
 class SharedDirection(TypedDict):

@@ -20,9 +20,6 @@ from typing import TypedDict
 from sqlalchemy.engine import Engine
 
 from vgpumon.store.vllm_repository import VllmRepository
-from vgpumon.store.vllm_schema import StoredSample
-
-_LOAD, _STORE = "kv_offload_load_bytes_per_second", "kv_offload_store_bytes_per_second"
 
 
 class GpuKvOffload(TypedDict):
@@ -33,11 +30,6 @@ class GpuKvOffload(TypedDict):
     servers: list[str]  # host:port of the servers whose traffic it is
     split: int  # the most GPUs one of those servers' traffic was split across (evenly)
     polls: int  # polls with a figure, over those servers
-
-
-def _mean(polls: list[StoredSample], key: str) -> float | None:
-    values = [float(v) for p in polls if isinstance(v := p[key], (int, float))]
-    return sum(values) / len(values) if values else None
 
 
 def by_gpu(engine: Engine, hostname: str, start: float, end: float) -> dict[str, GpuKvOffload]:
@@ -52,10 +44,9 @@ def by_gpu(engine: Engine, hostname: str, start: float, end: float) -> dict[str,
     for inst in repo.instances(hostname):
         if inst["first_seen"] > end or inst["last_seen"] < start:
             continue
-        polls = [p for p in repo.samples(inst["id"], start, end) if p[_LOAD] is not None or p[_STORE] is not None]
+        load, store, polls = repo.kv_offload_means(inst["id"], start, end)
         if not polls:
             continue
-        load, store = _mean(polls, _LOAD), _mean(polls, _STORE)
         uuids = sorted({m["gpu_uuid"] for m in repo.gpu_map(inst["id"])})
         if not uuids:
             continue  # a --vllm-url target: its processes, so its GPUs, are not visible
@@ -69,7 +60,7 @@ def by_gpu(engine: Engine, hostname: str, start: float, end: float) -> dict[str,
             if server not in entry["servers"]:
                 entry["servers"].append(server)
             entry["split"] = max(entry["split"], n)
-            entry["polls"] += len(polls)
+            entry["polls"] += polls
     return out
 
 

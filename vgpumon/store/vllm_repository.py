@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, Engine, and_, select
+from sqlalchemy import ColumnElement, Engine, and_, func, select, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.base import ReadOnlyColumnCollection
 
@@ -305,6 +305,21 @@ class VllmRepository:
             d["latency_unreliable"] = frozenset(h for h, bit in LATENCY_HISTOGRAMS.items() if mask & bit)
             out.append(d)
         return out
+
+    def kv_offload_means(self, instance_id: int, start: float, end: float) -> tuple[float | None, float | None, int]:
+        """Mean KV-offload load and store rates (bytes/s) of one start's polls in ``[start, end]``
+        that carry one, and how many polls carry either: one aggregate query, however long the
+        window (``vgpumon capacity`` reviews weeks)."""
+        c = _SAMPLES.c
+        load, store = c.kv_offload_load_bytes_per_second, c.kv_offload_store_bytes_per_second
+        query = select(type_coerce(func.avg(load), load.type), type_coerce(func.avg(store), store.type),
+                       func.count(func.coalesce(load, store))).where(_of_start(c, instance_id, start, end))
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(query).one()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return row[0], row[1], int(row[2] or 0)
 
     def engine_samples(
         self, instance_id: int, start: float | None = None, end: float | None = None
