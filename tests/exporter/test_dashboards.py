@@ -133,7 +133,7 @@ def _group_end(text: str, start: int) -> int:
 def test_ratios_divide_by_a_denominator_that_is_above_zero():
     for name, panel, target in _all_queries():
         expr = target["expr"]
-        for m in re.finditer(r"\s/\s*(on\s*\([^)]*\)\s*)?", expr):
+        for m in re.finditer(r"\s/\s*(on\s*\([^)]*\)\s*)?(group_left\s*\(\)\s*)?", expr):
             start = m.end()
             assert expr[start] == "(", f"{name} / {panel['title']}: {expr}"
             group = expr[start: _group_end(expr, start) + 1]

@@ -4,7 +4,8 @@ Debian's Prometheus (2.42) scrapes, every second, a ``vgpumon agent`` replaying 
 derived from the recorded H200 captures (XIDs, ECC errors, a GPU lost after XID 79; the recorded
 sysfs tree for the PCIe topology) at 4 ticks a second, while the agent polls a scripted vLLM
 server serving a real vLLM 0.32 server's recorded scrapes (refusing, then busy, then its counters
-moving on, then its engine dead). Then every panel's query goes through Prometheus's HTTP API
+moving on, then its engine dead) and a second one serving vLLM 0.33's KV-offload and
+speculative-decoding families (tests/data/vllm-0.33-kv-offload), which then hangs. Then every panel's query goes through Prometheus's HTTP API
 with Grafana's variables filled in. A query that errors fails the test; so does one that returns
 no data, unless its panel is listed with its reason in ``dashboards/empty-panels.yml`` — and a
 listed panel that does return data fails it too, so the list stays true. The generated rule
@@ -105,6 +106,38 @@ class ScriptedVllm:
         self.thread.join(10)
 
 
+class ScriptedKvOffloadVllm(ScriptedVllm):
+    """A second server, vLLM 0.33 with KV offload and a draft model (the constructed expositions of
+    tests/data/vllm-0.33-kv-offload): its counters move once, then it hangs."""
+
+    def __init__(self, fixtures: Path) -> None:
+        super().__init__(fixtures)
+        self.server = FakeVllmServer(port=self.port, version="0.33.0", models=["tiny"])
+
+    def run(self, t0: float) -> threading.Thread:
+        """Serve ``t0`` from t0 + 3 s and ``t1`` (load +11.4 GB, store +2.4 GB, 600 of 1000
+        draft tokens accepted) at + 7 s; at + 11 s its ``/health`` stops answering: hung (the
+        gauges of a hung engine freeze and ``/health`` may still say 200; a timed-out one is
+        the signal a static target gives)."""
+        self.thread.start()
+
+        def script() -> None:
+            def at(t: float) -> None:
+                time.sleep(max(0.0, t0 + t - time.monotonic()))
+
+            at(3)
+            self.server.metrics = (self.fixtures / "t0.txt").read_text()
+            asyncio.run_coroutine_threadsafe(self.server.start(self.port), self.loop).result(10)
+            at(7)
+            self.server.metrics = (self.fixtures / "t1.txt").read_text()
+            at(11)
+            self.server.hang = {"/health"}
+
+        t = threading.Thread(target=script, daemon=True)
+        t.start()
+        return t
+
+
 def _substitute(expr: str, window_s: int) -> str:
     for var, value in (
         ("$__rate_interval", RATE_INTERVAL), ("$__interval", f"{SCRAPE_S}s"), ("$__range", f"{window_s}s"),
@@ -137,28 +170,32 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"),
     )
     vllm = ScriptedVllm(vllm_fixtures)
+    offload = ScriptedKvOffloadVllm(DATA / "vllm-0.33-kv-offload")
     agent = None
     try:
         _wait("Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200, 60)  # noqa: S310  the test's own Prometheus on loopback
         agent = subprocess.Popen(
             [sys.executable, "-m", "vgpumon", "agent", "--replay", str(capture), "--pace", "recorded",
              "--interval", str(TICK_S), "--listen", f"127.0.0.1:{agent_port}", "--sysfs", str(sysfs),
-             "--vllm-url", vllm.url, "--vllm-interval", "2", "--db", f"sqlite:///{tmp_path / 'store.db'}"],
+             "--vllm-url", vllm.url, "--vllm-url", offload.url, "--vllm-interval", "2", "--db", f"sqlite:///{tmp_path / 'store.db'}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         # the server's script starts once the agent serves (and so polls it): on a loaded machine
         # the agent's start-up can outlast the 3 s of "starting", and then no prewarm is measured
         _wait("the agent serving /metrics",
               lambda: urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/metrics", timeout=2).status == 200, 60)  # noqa: S310  the test's own agent on loopback
-        script = vllm.run(time.monotonic())
+        t0 = time.monotonic()
+        scripts = [vllm.run(t0), offload.run(t0)]
         _, err = agent.communicate(timeout=120)
         assert agent.returncode == 0, err
-        script.join(10)
+        for script in scripts:
+            script.join(10)
         time.sleep(2 * SCRAPE_S)  # the staleness marker of the agent's end is written
     finally:
         if agent is not None and agent.poll() is None:
             agent.kill()
         vllm.close()
+        offload.close()
 
     try:
         # the window in which the agent served: from its first to its last successful scrape

@@ -34,6 +34,22 @@ UTIL = (
 )
 
 
+def _departure(metric: str) -> str:
+    """Each GPU's reading over the median of its host's GPUs, minus 1 (no point where the median is 0)."""
+    mine = f"max by (hostname, gpu) ({metric}{GPU})"
+    median = f"quantile by (hostname) (0.5, max by (hostname, gpu) ({metric}{HOST}))"
+    return f"{mine} / on (hostname) group_left () ({median} > 0) - 1"
+
+
+def _straggler():
+    return ts("Stragglers: departure from the host's median", "Each GPU's SM clock, power and SM activity against the median of "
+              "its host's GPUs (0 = the median). Under the same work siblings stay within a few percent; GpuStraggler fires past "
+              "10 % (clock) or 15 % (power, SM activity) over 5 busy minutes, naming the throttle reasons that explain it.",
+              Q(_departure("vgpumon_gpu_sm_clock_hertz"), BY_GPU + " SM clock"),
+              Q(_departure("vgpumon_gpu_power_usage_watts"), BY_GPU + " power"),
+              Q(_departure("vgpumon_gpu_sm_active_ratio"), BY_GPU + " SM activity"), unit="percentunit", min_=None)
+
+
 def against_capacity(direction: str, title: str):
     """A GPU's PCIe bytes/s in one direction beside its max link's capacity (dashed)."""
     word = {"rx": "received", "tx": "sent"}[direction]
@@ -96,6 +112,12 @@ def fleet():
                    "48, 62, 64, 74, 79, 95, 119, 120, 140 are critical; 13, 31, 43 are application errors.",
                    Q(f"sum by (hostname, gpu, xid) ({increase('vgpumon_gpu_xid_events_total', GPU)}) > 0", "{{hostname}} GPU {{gpu}} XID {{xid}}"),
                    unit="short", bars=True, no_value="no XID"),
+                ts("XID classes: GPUs with the same code", "How many GPUs of the host reported each XID code in each interval. "
+                   "The same code on one GPU again and again within 24 h points at that board (GpuXidRepeated: drain it, run the "
+                   "vendor's diagnostics); the same code on several GPUs at once points at the workload or the driver (HostXidSpread).",
+                   Q(f"count by (hostname, xid) (sum by (hostname, gpu, xid) ({increase('vgpumon_gpu_xid_events_total', GPU)}) > 0)",
+                     "{{hostname}} XID {{xid}}"), unit="short", bars=True, no_value="no XID"),
+                _straggler(),
                 ts("ECC errors", "Uncorrectable volatile ECC errors: any is a reason to drain and reset the GPU. Corrected ones beside them.",
                    Q(f"sum by (hostname, gpu) ({increase('vgpumon_gpu_ecc_uncorrected_volatile_errors_total', GPU)})", BY_GPU + " uncorrected"),
                    Q(f"sum by (hostname, gpu) ({increase('vgpumon_gpu_ecc_corrected_volatile_errors_total', GPU)})", BY_GPU + " corrected"),

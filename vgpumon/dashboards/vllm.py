@@ -18,8 +18,8 @@ def _latency(title: str, metric: str, what: str):
 def serving():
     return make(
         "vgpumon-vllm", "vLLM serving",
-        "vLLM servers: state, requests, KV cache and its fragmentation, token rates, latency percentiles, prewarm, and "
-        "the GPUs each server holds.",
+        "vLLM servers: state, requests, KV cache and its fragmentation, token rates, latency percentiles, SLO attainment, "
+        "KV offload, speculative decoding, prewarm, and the GPUs each server holds.",
         ["vllm"], variables("vgpumon_vllm_server_info", "model_name", "Served model", "vgpumon_gpu_info"),
         [
             ("Servers", [
@@ -79,6 +79,35 @@ def serving():
                 _latency("Inter-token latency", "vgpumon_vllm_inter_token_latency_seconds", "Time between output tokens"),
                 _latency("End-to-end latency", "vgpumon_vllm_e2e_request_latency_seconds", "Request end to end"),
                 _latency("Queue time", "vgpumon_vllm_request_queue_time_seconds", "Time in the queue"),
+            ]),
+            ("Serving objectives and newer signals", [
+                ts("SLO attainment (goodput)", "Share of requests whose time to first token, and of token intervals whose latency, "
+                   "stayed within their targets ([rules.thresholds] vllm_slo_ttft_seconds, vllm_slo_itl_seconds; 0.5 s and 50 ms by "
+                   "default) over the SLO window, from the histograms' bucket increments (a target between bucket bounds is "
+                   "interpolated: vgpumon_vllm_*_slo_interpolated). No point without requests. VllmSloAttainmentLow fires below "
+                   "99 % (TTFT) or 95 % (inter-token) for 5 min.",
+                   Q(f"vgpumon_vllm_ttft_slo_attainment_ratio{SRV}", BY_SERVER + " TTFT"),
+                   Q(f"vgpumon_vllm_itl_slo_attainment_ratio{SRV}", BY_SERVER + " inter-token"),
+                   unit=unit("vgpumon_vllm_ttft_slo_attainment_ratio"), max_=1, w=8),
+                ts("Observations behind the SLO figures", "Requests (TTFT) and token intervals (inter-token latency) in the SLO window.",
+                   Q(f"vgpumon_vllm_ttft_slo_observations{SRV}", BY_SERVER + " requests"),
+                   Q(f"vgpumon_vllm_itl_slo_observations{SRV}", BY_SERVER + " token intervals"),
+                   unit=unit("vgpumon_vllm_ttft_slo_observations"), w=8),
+                states("Hung servers", "A server hung: work queued with its counters flat and its engine using no CPU, an engine "
+                       "process stopped or in uninterruptible sleep for 3 polls, or the generation probe unanswered by its deadline "
+                       "(docs/vllm.md, \"Hung, not slow\"). /health may still answer 200.",
+                       Q(f'vgpumon_vllm_server_state{{hostname=~"$host", model_name=~"$model", state="hung"}} == 1', BY_SERVER),
+                       maps=mappings({1: "hung"}), w=8),
+                ts("KV offload traffic", "Bytes per second vLLM's KV offload (OffloadingConnector, 0.33) moved over each poll "
+                   "interval: loaded from CPU memory into the GPUs (host-to-device: part of their PCIe RX) and stored from them "
+                   "(device-to-host: part of their TX). diagnose and capacity say what share of the GPUs' PCIe traffic it is.",
+                   Q(f"vgpumon_vllm_kv_offload_load_bytes_per_second{SRV}", BY_SERVER + " load (H2D)"),
+                   Q(f"vgpumon_vllm_kv_offload_store_bytes_per_second{SRV}", BY_SERVER + " store (D2H)"),
+                   unit=unit("vgpumon_vllm_kv_offload_load_bytes_per_second"), w=8),
+                ts("Speculative-decoding acceptance", "Draft tokens accepted over draft tokens proposed in each poll interval "
+                   "(no point without drafts). A falling rate costs the draft model's work for nothing.",
+                   Q(f"vgpumon_vllm_spec_decode_acceptance_ratio{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_spec_decode_acceptance_ratio"), max_=1, w=8),
             ]),
             ("Server health", [
                 ts("Telemetry and frozen gauges", "Telemetry: /metrics answered. Stale: vLLM's gauges did not move (an idle engine "
