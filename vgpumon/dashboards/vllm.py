@@ -96,7 +96,7 @@ def serving():
                 states("Hung servers", "A server hung: work queued with its counters flat and its engine using no CPU, an engine "
                        "process stopped or in uninterruptible sleep for 3 polls, or the generation probe unanswered by its deadline "
                        "(docs/vllm.md, \"Hung, not slow\"). /health may still answer 200.",
-                       Q(f'vgpumon_vllm_server_state{{hostname=~"$host", model_name=~"$model", state="hung"}} == 1', BY_SERVER),
+                       Q('vgpumon_vllm_server_state{hostname=~"$host", model_name=~"$model", state="hung"} == 1', BY_SERVER),
                        maps=mappings({1: "hung"}), w=8),
                 ts("KV offload traffic", "Bytes per second vLLM's KV offload (OffloadingConnector, 0.33) moved over each poll "
                    "interval: loaded from CPU memory into the GPUs (host-to-device: part of their PCIe RX) and stored from them "
