@@ -16,9 +16,10 @@ import pytest
 from aiohttp import web
 from conftest import H200_CAPTURE
 from sqlalchemy import text
+from vllm_support import shared_dir, source
 
 from vgpumon.store.engine import make_engine
-from vgpumon.testing.vllm import free_port
+from vgpumon.testing.vllm import FakeClock, FakeProcessTable, FakeVllmServer, free_port
 
 pytest.importorskip("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
 pytestmark = pytest.mark.slow  # starts an agent process: not in the quick subset
@@ -73,7 +74,7 @@ class Receiver:
                     for m in sm.metrics:
                         data = m.gauge if m.HasField("gauge") else m.sum
                         for p in data.data_points:
-                            attrs = {a.key: a.value.string_value for a in p.attributes}
+                            attrs = {a.key: getattr(a.value, a.value.WhichOneof("value") or "string_value") for a in p.attributes}
                             value = p.as_double if p.HasField("as_double") else p.as_int
                             out.setdefault(m.name, []).append((attrs, value, m))
         return out
@@ -150,3 +151,63 @@ def test_a_bad_otlp_url_is_one_line_and_a_collector_that_is_away_loses_no_tick(t
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM gpu_samples")) > 0
     engine.dispose()
+
+
+def _server_samples() -> list:
+    """The vLLM source's samples of a fake server serving the recorded vLLM 0.32 idle, then busy
+    scrape (two polls 10 s apart: rates and SLO figures over the interval)."""
+    real = shared_dir("fixtures", "vllm-real")
+
+    async def go():
+        clock = FakeClock()
+        srv = FakeVllmServer(port=free_port(), version="0.32.0", models=["tiny"], metrics=(real / "vllm-0.32.0-cpu__idle.txt").read_text())
+        await srv.start(srv.port)
+        src = source(clock, static_urls=[srv.url], processes=FakeProcessTable([]))
+        try:
+            first = await src.poll()
+            clock.advance(10)
+            srv.metrics = (real / "vllm-0.32.0-cpu__busy.txt").read_text()
+            return first + await src.poll()
+        finally:
+            await src.close()
+            await srv.stop()
+
+    return asyncio.run(go())
+
+
+def test_the_host_and_each_vllm_servers_fields_are_pushed_too(receiver):
+    """Not only the GPUs: the host sample of this machine (psutil) and the vLLM server's newest
+    poll, pushed by the pusher the agent runs, as the local receiver decodes them."""
+    from vgpumon.exporter.otlp import OtlpPusher
+    from vgpumon.model import Snapshot, VllmServers
+    from vgpumon.sources.host import HostSource
+
+    *_, busy = _server_samples()
+    host = HostSource().sample(busy.ts)
+    pusher = OtlpPusher(f"http://127.0.0.1:{receiver.port}", "otlp-host", interval=3600.0)
+    pusher.observe(Snapshot(ts=busy.ts, hostname="otlp-host", gpus=(), samples=(), host=host,
+                            vllm=VllmServers(samples=(busy,), interval=2.0, read_at=busy.ts)))
+    pusher.shutdown()  # the last push
+    points = receiver.points()
+    assert receiver.resource()["host.name"] == "otlp-host"
+
+    (mem,) = points["vgpumon.host.memory_used"]
+    assert mem[1] == host.memory_used_bytes and mem[2].unit == "By" and mem[0] == {}
+    assert points["vgpumon.host.memory_total"][0][1] == host.memory_total_bytes
+    assert points["vgpumon.host.load1"][0][1] == pytest.approx(host.load1)
+
+    def server(name: str):
+        (point,) = points[name]
+        attrs, value, metric = point
+        assert attrs == {"server.address": "127.0.0.1", "server.port": busy.instance.port, "url.full": busy.instance.url,
+                         "vgpumon.vllm.model": "tiny"}, attrs
+        return value, metric
+
+    assert server("vgpumon.vllm.running")[0] == busy.running
+    assert server("vgpumon.vllm.state")[0] == busy.state.code
+    value, metric = server("vgpumon.vllm.ttft_slo_attainment")
+    assert value == pytest.approx(busy.ttft_slo_attainment_ratio) and metric.unit == "1"
+    assert server("vgpumon.vllm.generation_tokens_per_second")[0] == pytest.approx(busy.generation_tokens_per_second)
+    # the recorded busy scrape's queue-time histogram cannot be true: its percentiles are not sent
+    assert "queue" in busy.latency_unreliable and "vgpumon.vllm.queue_p50" not in points
+    assert server("vgpumon.vllm.ttft_p50")[1].unit == "s"

@@ -1,4 +1,4 @@
-"""OTLP push: the catalogue's GPU fields of the newest snapshot, sent over OTLP/HTTP (protobuf)
+"""OTLP push: the catalogue's GPU, host and vLLM fields of the newest snapshot, sent over OTLP/HTTP (protobuf)
 through the OpenTelemetry SDK, for fleets whose metrics pipeline is OpenTelemetry's
 (``vgpumon agent --otlp URL``; docs/exporter.md, "OTLP").
 
@@ -6,7 +6,11 @@ Names follow OpenTelemetry's semantic conventions for hardware where a field has
 catalogue's ``Field.otel``: ``hw.gpu.utilization``, ``hw.gpu.memory.usage``/``limit``,
 ``hw.gpu.io``, ``hw.power``, ``hw.energy``, ``hw.errors``), with ``hw.type = "gpu"`` and
 ``hw.id`` the GPU's UUID on every point; every other GPU field is ``vgpumon.gpu.<name>`` with the
-unit in the instrument's unit, not in its name. What the exporter's rules say holds here too:
+unit in the instrument's unit, not in its name. The host's fields are ``vgpumon.host.<name>`` (the
+conventions' ``system.*`` metrics split CPU by mode and memory by state, which the agent does not
+read), on the resource's ``host.name``; each vLLM server's are ``vgpumon.vllm.<name>`` with
+``server.address``, ``server.port``, ``url.full`` and ``vgpumon.vllm.model`` (its first served
+model) on every point, the state as its code. What the exporter's rules say holds here too:
 absent is absent (a ``None`` reading gives no point), data older than three tick intervals is not
 sent, slow fields keep their newest value between reads.
 
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 from vgpumon import __version__
 from vgpumon.base.errors import ExitCode, VgpumonError
 from vgpumon.catalogue import FIELDS, Field
+from vgpumon.exporter.plans import LATENCY_FIELDS
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -61,14 +66,39 @@ def exported_fields() -> list[Field]:
     return [f for f in FIELDS if f.table == "gpu_samples" and f.kind in _KINDS]
 
 
+def host_fields() -> list[Field]:
+    """The host fields pushed (``host_samples``: CPU, memory, load averages)."""
+    return [f for f in FIELDS if f.table == "host_samples" and f.kind in _KINDS]
+
+
+def vllm_fields() -> list[Field]:
+    """The vLLM fields pushed: every numeric ``vllm_samples`` reading of a server's poll (the
+    state as its code; text fields such as the reason are not metrics)."""
+    return [f for f in FIELDS if f.table == "vllm_samples" and f.kind in _KINDS and f.kind != "bitmask"]
+
+
+#: Metric-name namespace of each table's fields without a convention of their own.
+_NAMESPACE = {"gpu_samples": "vgpumon.gpu.", "host_samples": "vgpumon.host.", "vllm_samples": "vgpumon.vllm."}
+
+
 def otel_name(f: Field) -> str:
-    """The field's metric name: its convention's, else ``vgpumon.gpu.<name without unit>``."""
+    """The field's metric name: its convention's, else ``vgpumon.<gpu|host|vllm>.<name without unit>``."""
     if f.otel:
         return f.otel
     base = f.name.removesuffix("_total")
     suffix = {"bytes": "_bytes", "bytes_per_second": "_bytes_per_second", "ratio": "_ratio", "celsius": "_celsius",
               "watts": "_watts", "joules": "_joules", "hertz": "_hertz", "seconds": "_seconds"}.get(f.unit, "")
-    return "vgpumon.gpu." + (base.removesuffix(suffix) if suffix else base)
+    return _NAMESPACE.get(f.table or "", "vgpumon.gpu.") + (base.removesuffix(suffix) if suffix else base)
+
+
+def _number(value: object) -> float | None:
+    """A reading as a metric value: numbers and flags; a state as its code; else ``None``."""
+    code = getattr(value, "code", None)
+    if isinstance(code, int):
+        return float(code)
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass
@@ -79,6 +109,12 @@ class _Gpu:
     last_ts: float | None = None
 
 
+@dataclass
+class _Server:
+    attributes: dict[str, str | int]
+    values: dict[str, float]
+
+
 class OtlpPusher:
     """Keeps what the newest snapshots said (``observe``, on the sampling thread) and serves it to
     the SDK's observable instruments, which its periodic reader pushes every ``interval``."""
@@ -87,6 +123,8 @@ class OtlpPusher:
                  timeout: float = 10.0, provider: MeterProvider | None = None) -> None:
         self._lock = threading.Lock()
         self._gpus: dict[str, _Gpu] = {}
+        self._host: dict[str, float] = {}  # the newest host sample's (taken every few ticks)
+        self._servers: dict[str, _Server] = {}  # vLLM server URL → its newest poll's values
         self._newest: float | None = None
         self._received: float | None = None  # monotonic time of the newest snapshot
         self._stale_after = 3 * tick_interval
@@ -107,6 +145,10 @@ class OtlpPusher:
                 meter.create_observable_counter(name, [self._callback(fields)], unit=unit, description=f.help)
             else:
                 meter.create_observable_gauge(name, [self._callback(fields)], unit=unit, description=f.help)
+        for f in host_fields():
+            meter.create_observable_gauge(otel_name(f), [self._host_callback(f)], unit=UNITS.get(f.unit, "1"), description=f.help)
+        for f in vllm_fields():
+            meter.create_observable_gauge(otel_name(f), [self._server_callback(f)], unit=UNITS.get(f.unit, "1"), description=f.help)
 
     # -- the agent's side ---------------------------------------------------------------------
 
@@ -140,8 +182,32 @@ class OtlpPusher:
                         if isinstance(rate, (int, float)) and not isinstance(rate, bool):
                             gpu.io[direction] += float(rate) * dt
                 gpu.last_ts = snap.ts
+            if snap.host is not None:
+                self._host = {f.name: v for f in host_fields() if (v := _number(getattr(snap.host, f.name, None))) is not None}
+            if snap.vllm is not None:
+                self._servers = self._server_values(snap)
             self._newest = snap.ts
             self._received = time.monotonic()
+
+    @staticmethod
+    def _server_values(snap: Snapshot) -> dict[str, _Server]:
+        """Each vLLM server's newest poll, by URL; a poll older than three poll intervals is not
+        sent (as on ``/metrics``)."""
+        assert snap.vllm is not None
+        out = {}
+        for smp in snap.vllm.samples:
+            if snap.vllm.read_at - smp.ts > 3 * snap.vllm.interval:
+                continue
+            inst = smp.instance
+            attrs: dict[str, str | int] = {"server.address": inst.host, "server.port": inst.port, "url.full": inst.url}
+            if smp.model_names:
+                attrs["vgpumon.vllm.model"] = smp.model_names[0]
+            # percentiles of a histogram flagged unreliable are not sent (nor served on /metrics)
+            hidden = frozenset().union(*(LATENCY_FIELDS.get(h, ()) for h in smp.latency_unreliable or {}))
+            values = {f.name: v for f in vllm_fields()
+                      if f.name not in hidden and (v := _number(getattr(smp, f.name, None))) is not None}
+            out[inst.url] = _Server(attrs, values)
+        return out
 
     def shutdown(self) -> None:
         """Push what is kept one last time and stop the reader (at the agent's stop)."""
@@ -154,6 +220,30 @@ class OtlpPusher:
             if self._received is None or time.monotonic() - self._received > self._stale_after:
                 return []  # not fresh is not sent
             return [_Gpu(dict(g.attributes), dict(g.values), dict(g.io), g.last_ts) for g in self._gpus.values()]
+
+    def _fresh_host_and_servers(self) -> tuple[dict[str, float], list[_Server]]:
+        with self._lock:
+            if self._received is None or time.monotonic() - self._received > self._stale_after:
+                return {}, []
+            return dict(self._host), [_Server(dict(s.attributes), dict(s.values)) for s in self._servers.values()]
+
+    def _host_callback(self, f: Field) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        from opentelemetry.metrics import Observation
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            host, _ = self._fresh_host_and_servers()
+            return [Observation(host[f.name])] if f.name in host else []
+
+        return observe
+
+    def _server_callback(self, f: Field) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        from opentelemetry.metrics import Observation
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            _, servers = self._fresh_host_and_servers()
+            return [Observation(s.values[f.name], s.attributes) for s in servers if f.name in s.values]
+
+        return observe
 
     def _callback(self, fields: Sequence[Field]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         from opentelemetry.metrics import Observation
