@@ -33,9 +33,10 @@ Rules (FACTS §5):
   becomes part of the engine (``<ReplicaId>/<engine>``), so totals add replicas up and the KV
   maximum is the fullest replica's; Ray's other labels (``WorkerId``, ``Component``,
   ``NodeAddress``, ``SessionName``, ``Version``) are reduced with max, like ``pid``.
-* A family whose ``# HELP`` says it is deprecated is read as usual, and named in
-  ``MetricsReading.deprecated`` (logged once per process and metric): vLLM hides a deprecated
-  metric one minor release later and removes it the next (FACTS §5).
+* A family whose ``# HELP`` says it is deprecated (or one of ``DEPRECATED_FAMILIES``, whose HELP
+  does not) is read as usual, and named in ``MetricsReading.deprecated`` (logged once per process
+  and metric): vLLM hides a deprecated metric one minor release later and removes it the next
+  (FACTS §5).
 """
 
 from __future__ import annotations
@@ -511,10 +512,15 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         lines_dropped=lines.dropped,
         rejected=rejected,
         replicas=tuple(sorted(replicas)),
-        deprecated=_said_deprecated(lines.deprecated),
+        deprecated=_said_deprecated(lines.deprecated | {m.removesuffix("_total") for m in samples if m in DEPRECATED_FAMILIES}),
     )
 
 
+#: Families vLLM has deprecated whose ``# HELP`` does not say so: read as usual (the alias table
+#: falls back to them), named deprecated and logged once all the same. 0.33 replaced
+#: ``kv_offload_total_bytes{transfer_type}`` with the flat ``kv_offload_load_bytes`` /
+#: ``kv_offload_store_bytes`` (tests/data/vllm-0.33-kv-offload/PROVENANCE.md).
+DEPRECATED_FAMILIES = frozenset({"vllm:kv_offload_total_bytes_total"})
 _DEPRECATED_SAID: set[str] = set()
 
 
@@ -522,8 +528,8 @@ def _said_deprecated(names: set[str]) -> tuple[str, ...]:
     """The deprecated families, sorted; each logged the first time this process sees it."""
     for name in sorted(names - _DEPRECATED_SAID):
         _DEPRECATED_SAID.add(name)
-        log.info("vLLM serves %s, which its HELP marks deprecated: read as usual until vLLM removes it "
-                 "(deprecated in X.Y, hidden in X.Y+1, removed in X.Y+2)", name)
+        log.info("vLLM serves %s, which vLLM marks deprecated (its HELP, or docs/vllm.md): read as usual until vLLM "
+                 "removes it (deprecated in X.Y, hidden in X.Y+1, removed in X.Y+2)", name)
     return tuple(sorted(names))
 
 
