@@ -184,3 +184,22 @@ def test_capacity_says_what_share_of_a_cards_traffic_kv_offload_moved(offload_ur
     assert (f"GPU 0: KV offload of vLLM {kv['servers'][0]} moved 1.14 GB/s ({kv['rx_share_of_traffic'] * 100:.1f} % of its RX "
             f"traffic; 1.8 % of the max link) in and 0.24 GB/s ({kv['tx_share_of_traffic'] * 100:.1f} % of its TX traffic) out") in text
     assert mismatches(host, HostReview) == []
+
+
+def test_the_offload_means_are_one_aggregate_query_on_sqlite_and_postgres(db_url):
+    """``vgpumon.store.kv_offload.by_gpu`` on both stores: the polls' mean rates charged to the
+    GPU the server's engine holds; a window without polls charges nothing."""
+    from vgpumon.store import kv_offload, open_store
+
+    end = 1_800_000_000.0
+    store = open_store(db_url)
+    try:
+        VllmRepository(store.engine).write("h", _poll(end))
+        got = kv_offload.by_gpu(store.engine, "h", end - 60, end)
+        before = kv_offload.by_gpu(store.engine, "h", end - 3600, end - 60)
+    finally:
+        store.close()
+    (kv,) = got.values()
+    assert list(got) == [GPU] and kv["split"] == 1 and kv["polls"] == 1
+    assert kv["load_bytes_per_second"] == pytest.approx(LOAD_BPS) and kv["store_bytes_per_second"] == pytest.approx(STORE_BPS)
+    assert before == {}
