@@ -131,7 +131,7 @@ def test_each_server_has_its_slo_attainment_line(report_and_text):
     """The recorded idle → busy scrapes' TTFT and inter-token histograms against the default
     targets (0.5 s, 50 ms), both on a bucket bound: 575 of 577 requests, 45 593 of 45 608 token
     intervals, above the objectives (99 %, 95 %); the KV-offload server serves no latency
-    histogram: no figure, said so."""
+    histogram: no figure, and not the idle window's "no requests"."""
     report, text = report_and_text
     real, kv = _server(report, "0.32.0"), _server(report, "0.33.0")
     ttft, itl = real["signals"]["ttft"], real["signals"]["itl"]
@@ -140,8 +140,8 @@ def test_each_server_has_its_slo_attainment_line(report_and_text):
     assert itl["attainment_ratio"] == pytest.approx(45593 / 45608, abs=1e-4) and not itl["interpolated"]
     assert (f"{real['server']}: SLO attainment over 5 min: TTFT ≤ 500 ms: 99.7 % of 577 requests (objective 99 %); "
             "inter-token ≤ 50 ms: 100.0 % of 45,608 token intervals (objective 95 %)") in text
-    assert kv["signals"]["ttft"]["attainment_ratio"] is None
-    assert f"{kv['server']}: SLO attainment over 5 min: TTFT ≤ 500 ms: N/A (no requests in the window; objective 99 %)" in text
+    assert kv["signals"]["ttft"]["attainment_ratio"] is None and kv["signals"]["ttft"]["observations"] is None
+    assert f"{kv['server']}: SLO attainment over 5 min: TTFT ≤ 500 ms: N/A (not reported; objective 99 %)" in text
 
 
 def test_prefix_cache_preemptions_and_speculative_decoding_lines(report_and_text):
@@ -203,3 +203,18 @@ def test_the_offload_means_are_one_aggregate_query_on_sqlite_and_postgres(db_url
     assert list(got) == [GPU] and kv["split"] == 1 and kv["polls"] == 1
     assert kv["load_bytes_per_second"] == pytest.approx(LOAD_BPS) and kv["store_bytes_per_second"] == pytest.approx(STORE_BPS)
     assert before == {}
+
+
+def test_an_idle_window_says_no_requests_not_100_percent():
+    """Two polls of the recorded idle scrape: the histograms are served, nothing was observed in
+    the window: no figure, and the line says why."""
+    from vgpumon.config.thresholds import Thresholds
+    from vgpumon.diagnose.render_signals import slo_line
+    from vgpumon.diagnose.signals import server_signals
+
+    polls = [{"ts": 0.0, "ttft_slo_observations": None}, {"ts": 2.0, "ttft_slo_observations": 0.0, "itl_slo_observations": 0.0}]
+    sig = server_signals(polls, Thresholds())
+    assert sig["ttft"]["attainment_ratio"] is None and sig["ttft"]["observations"] == 0
+    line = slo_line({"server": "s:1", "signals": sig})  # type: ignore[typeddict-item]
+    assert line == ("s:1: SLO attainment over 5 min: TTFT ≤ 500 ms: N/A (no requests in the window; objective 99 %); "
+                    "inter-token ≤ 50 ms: N/A (no token intervals in the window; objective 95 %)")

@@ -19,7 +19,8 @@ def _slo(name: str, fig: SloFigure, what: str) -> str:
     target = f"{name} ≤ {_target(fig['target_seconds'])}"
     objective = f"objective {fig['objective_ratio'] * 100:g} %"
     if fig["attainment_ratio"] is None:
-        return f"{target}: N/A (no {what} in the window; {objective})"
+        why = f"no {what} in the window" if fig["observations"] is not None else "not reported"
+        return f"{target}: N/A ({why}; {objective})"
     n = catalogue.fmt((_V, "ttft_slo_observations"), fig["observations"], "n/a")
     mark = ", BELOW" if fig["below_objective"] else ""
     note = ", interpolated between bucket bounds" if fig["interpolated"] else ""

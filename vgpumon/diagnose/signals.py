@@ -31,7 +31,10 @@ def _mean(polls: Sequence[StoredSample], key: str) -> float | None:
 
 def _slo(polls: Sequence[StoredSample], key: str, target: float, objective: float) -> SloFigure:
     """The newest poll's attainment of one SLO (the figure is over the SLO window already)."""
-    newest = next((p for p in reversed(polls) if _num(p, f"{key}_slo_attainment_ratio") is not None), None)
+    # the newest poll with a figure; else the newest that counted the window's observations (0:
+    # no request in the window); else none (the histogram not served, or one poll only)
+    newest = next((p for p in reversed(polls) if _num(p, f"{key}_slo_attainment_ratio") is not None),
+                  next((p for p in reversed(polls) if _num(p, f"{key}_slo_observations") is not None), None))
     ratio = None if newest is None else _num(newest, f"{key}_slo_attainment_ratio")
     return {
         "target_seconds": target, "objective_ratio": objective, "attainment_ratio": ratio,

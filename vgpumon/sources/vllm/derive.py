@@ -277,7 +277,8 @@ class IntervalDeriver:
                 win.add(ts, None if why is not None or prev is None else share_within(merged, targets.target(hist)))
                 ratio, n, interpolated = win.figure()
                 out[f"{hist}_slo_attainment_ratio"] = ratio
-                out[f"{hist}_slo_observations"] = n if prev is not None else None
+                # a server that serves no such histogram observed nothing: unknown, not 0
+                out[f"{hist}_slo_observations"] = n if prev is not None and parts else None
                 out[f"{hist}_slo_interpolated"] = interpolated if ratio is not None else None
         out["latency_unreliable"] = unreliable
         return out
