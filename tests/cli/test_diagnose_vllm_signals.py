@@ -36,10 +36,10 @@ OFFLOAD = DATA / "vllm-0.33-kv-offload"
 LOAD_BPS, STORE_BPS = 11.4e9 / 10, 2.4e9 / 10
 
 
-def _poll(end: float) -> list:
+def _poll(end: float, gpus: tuple[str, ...] = (GPU,)) -> list:
     """Two servers polled twice, 10 s apart, the second poll at ``end``: ``0.32`` serves the
     recorded idle then busy scrapes (no GPU the agent can see), ``0.33`` the KV-offload
-    expositions, its engine (pid 4243) holding the GPU."""
+    expositions, its engine (pid 4243) holding ``gpus``."""
 
     async def go():
         clock = FakeClock(start=end - 10)
@@ -53,8 +53,8 @@ def _poll(end: float) -> list:
         out = []
         try:
             for step in range(2):
-                src.observe(Snapshot(ts=clock.now, hostname="h", gpus=(), samples=(
-                    GpuSample(ts=clock.now, uuid=GPU, index=0, processes=((4243, 30_000_000_000),)),)))
+                src.observe(Snapshot(ts=clock.now, hostname="h", gpus=(), samples=tuple(
+                    GpuSample(ts=clock.now, uuid=u, index=i, processes=((4243, 30_000_000_000),)) for i, u in enumerate(gpus))))
                 out += await src.poll()
                 if step == 0:
                     clock.now = end
@@ -218,3 +218,41 @@ def test_an_idle_window_says_no_requests_not_100_percent():
     line = slo_line({"server": "s:1", "signals": sig})  # type: ignore[typeddict-item]
     assert line == ("s:1: SLO attainment over 5 min: TTFT ≤ 500 ms: N/A (no requests in the window; objective 99 %); "
                     "inter-token ≤ 50 ms: N/A (no token intervals in the window; objective 95 %)")
+
+
+def test_a_saturated_shared_switch_says_what_share_kv_offload_moved_through_it(tmp_path):
+    """Sixteen cards, eight behind each switch, each carrying 12 % of the recorded copy: the
+    switches' uplinks saturate. The KV-offload server holds GPUs 0 and 1 (behind switch
+    0000:10:00.0 and root port 0000:00:01.0): its 1.14 GB/s of loads, half charged to each, is
+    the share of those ports' traffic the finding names; the other switch has none."""
+    import json
+
+    from rules_support import PCIE_GPM
+
+    from vgpumon.model import GpuIdentity
+    from vgpumon.testing import scenarios, sysfs
+
+    header, ticks = scenarios.scale_gpm(*copy_phase(minutes=7, devices=16), PCIE_GPM, 0.12)
+    gpus = [GpuIdentity(index=i, uuid=f"u{i}", pci_bus_id=f"00000000:{scenarios.bus_number(i, 16):02X}:00.0") for i in range(16)]
+    root = sysfs.materialize(sysfs.switch_tree(json.loads((DATA / "h200-sysfs.json").read_text()), gpus, per_switch=8), tmp_path / "sys")
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    replay(url, header, ticks, sysfs_root=root)
+    store = Store(url)
+    try:
+        stored = store.gpus_of("h")
+        end = store.newest_ts([g.id for g in stored])
+        uuids = {g.identity.index: g.identity.uuid for g in stored}
+        VllmRepository(store.engine).write("h", _poll(end, gpus=(uuids[0], uuids[1])))
+        report = build_report(store, "h", window_seconds=420, now=end)
+    finally:
+        store.close()
+    ports = {f["subject"]["port"]: f for f in report["findings"] if f["alert"] == "PcieUplinkSaturated"}
+    assert {"0000:10:00.0", "0000:20:00.0"} <= set(ports)
+    kv = ports["0000:10:00.0"]["kv_offload"]
+    assert kv["split"] == 2 and kv["load_bytes_per_second"] == pytest.approx(LOAD_BPS)
+    rx = sum(g["pcie"]["rx"]["mean_bytes_per_second"] for g in report["gpus"] if g["index"] < 8)
+    assert kv["rx_share"] == pytest.approx(LOAD_BPS / rx)
+    assert (f"moved 1.14 GB/s ({kv['rx_share'] * 100:.0f} % of their RX) into the GPUs behind 0000:10:00.0"
+            in ports["0000:10:00.0"]["message"])
+    assert "split evenly over the server's 2 GPUs" in ports["0000:10:00.0"]["message"]
+    assert "kv_offload" not in ports["0000:20:00.0"]

@@ -362,7 +362,7 @@ def build_report(
     from vgpumon.diagnose.signals import attribute_kv_offload
     from vgpumon.store import kv_offload
 
-    attribute_kv_offload(findings, blocks, kv_offload.by_gpu(store.engine, hostname, start, end))
+    attribute_kv_offload(findings, blocks, kv_offload.by_gpu(store.engine, hostname, start, end), topology.shared())
     report["processes"] = context.processes(store, gpus, start, end)
     report["trends"] = context.trends(store, gpus, look, end)
     report["xids"] = _xid_section(xid_events, {g.id: g.identity.index for g in gpus}, look)

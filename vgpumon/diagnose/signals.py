@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.store.vllm_schema import StoredSample
 
-#: The rules whose finding is about a GPU's PCIe traffic.
+#: The rules whose finding is about a GPU's PCIe traffic, and about a shared port's.
 PCIE_TRAFFIC_RULES = ("GpuPcieSaturated",)
+PORT_TRAFFIC_RULES = ("PcieUplinkSaturated",)
 
 
 def _num(poll: StoredSample, key: str) -> float | None:
@@ -71,38 +72,57 @@ def server_signals(polls: Sequence[StoredSample], th: Thresholds) -> VllmSignals
     }
 
 
-def attribute_kv_offload(findings: list[Finding], blocks: Sequence[GpuBlock], offload: Mapping[str, GpuKvOffload]) -> None:
-    """Add to each PCIe-traffic finding of a GPU that vLLM offloads KV through the share of its
-    traffic that KV offload moved over the window: ``kv_offload`` and a sentence of evidence."""
+def _sum(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def attribute_kv_offload(findings: list[Finding], blocks: Sequence[GpuBlock], offload: Mapping[str, GpuKvOffload],
+                         shared: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Add to each PCIe-traffic finding the share of the traffic that vLLM's KV offload moved over
+    the window (``kv_offload`` and a sentence of evidence): a GPU's (``GpuPcieSaturated``), or
+    the GPUs' behind a shared port (``PcieUplinkSaturated``; ``shared``: port → GPU UUIDs)."""
     means = {b["uuid"]: (b["pcie"]["rx"]["mean_bytes_per_second"], b["pcie"]["tx"]["mean_bytes_per_second"]) for b in blocks}
+    ports = shared or {}
     for f in findings:
         gpu = f.get("gpu")
-        if f.get("alert") not in PCIE_TRAFFIC_RULES or gpu is None or gpu["uuid"] not in offload:
+        if f.get("alert") in PCIE_TRAFFIC_RULES and gpu is not None:
+            uuids, where = [gpu["uuid"]], "the GPU"
+        elif f.get("alert") in PORT_TRAFFIC_RULES and (port := f["subject"].get("port", "")) in ports:
+            uuids, where = list(ports[port]), f"the GPUs behind {port}"
+        else:
             continue
-        kv = offload[gpu["uuid"]]
-        rx, tx = means.get(gpu["uuid"], (None, None))
+        kvs = [offload[u] for u in uuids if u in offload]
+        if not kvs:
+            continue
+        load = sum(kv["load_bytes_per_second"] for kv in kvs)
+        store = sum(kv["store_bytes_per_second"] for kv in kvs)
+        rx = _sum([means.get(u, (None, None))[0] for u in uuids])
+        tx = _sum([means.get(u, (None, None))[1] for u in uuids])
         found: FindingKvOffload = {
-            "servers": list(kv["servers"]), "split": kv["split"],
-            "load_bytes_per_second": kv["load_bytes_per_second"], "store_bytes_per_second": kv["store_bytes_per_second"],
-            "rx_share": share(kv["load_bytes_per_second"], rx), "tx_share": share(kv["store_bytes_per_second"], tx),
+            "servers": sorted({s for kv in kvs for s in kv["servers"]}), "split": max(kv["split"] for kv in kvs),
+            "load_bytes_per_second": load, "store_bytes_per_second": store,
+            "rx_share": share(load, rx), "tx_share": share(store, tx),
         }
         f["kv_offload"] = found
-        sentence = evidence(found)
+        sentence = evidence(found, where)
         f["message"] = f"{f['message']} {sentence}"
         f["headline"] = f"{f['headline']} {sentence}"
 
 
-def evidence(kv: FindingKvOffload) -> str:
-    """``KV offload of vLLM 127.0.0.1:8000 moved 1.14 GB/s into the GPU (76 % of its RX) and
-    240 MB/s out (20 % of its TX) on average over the window.``"""
+def evidence(kv: FindingKvOffload, where: str = "the GPU") -> str:
+    """``KV offload of vLLM 127.0.0.1:8000 moved 1.14 GB/s (2 % of its RX) into the GPU and
+    0.24 GB/s (7 % of its TX) out on average over the window.``"""
     from vgpumon import catalogue
+
+    their = "its" if where == "the GPU" else "their"
 
     def part(rate: float, share_: float | None, field: str, direction: str) -> str:
         text = catalogue.fmt(("vllm_samples", field), rate)
-        return text if share_ is None else f"{text} ({share_ * 100:.0f} % of its {direction})"
+        return text if share_ is None else f"{text} ({share_ * 100:.0f} % of {their} {direction})"
 
     shared = f", split evenly over the server's {kv['split']} GPUs" if kv["split"] > 1 else ""
     return (f"KV offload of vLLM {', '.join(kv['servers'])} moved "
-            f"{part(kv['load_bytes_per_second'], kv['rx_share'], 'kv_offload_load_bytes_per_second', 'RX')} into the GPU and "
+            f"{part(kv['load_bytes_per_second'], kv['rx_share'], 'kv_offload_load_bytes_per_second', 'RX')} into {where} and "
             f"{part(kv['store_bytes_per_second'], kv['tx_share'], 'kv_offload_store_bytes_per_second', 'TX')} out "
             f"on average over the window{shared}.")
