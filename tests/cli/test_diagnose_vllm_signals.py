@@ -256,3 +256,23 @@ def test_a_saturated_shared_switch_says_what_share_kv_offload_moved_through_it(t
             in ports["0000:10:00.0"]["message"])
     assert "split evenly over the server's 2 GPUs" in ports["0000:10:00.0"]["message"]
     assert "kv_offload" not in ports["0000:20:00.0"]
+
+    # vgpumon capacity: each card an half, the switch above them the whole
+    prune = subprocess.run([sys.executable, "-m", "vgpumon", "db", "prune", "--db", url, *KEEP_ALL], capture_output=True, text=True, timeout=120)
+    assert prune.returncode == 0, prune.stderr
+    store = Store(url)
+    try:
+        host = review_host(store, "h", window_seconds=3600)
+    finally:
+        store.close()
+    cards = {g["index"]: g for g in host["gpus"]}
+    assert cards[0]["kv_offload"]["load_bytes_per_second"] == pytest.approx(LOAD_BPS / 2) and cards[0]["kv_offload"]["split"] == 2
+    assert "kv_offload" not in cards[2]
+    shared = {p["port"]: p for p in host["shared"]}
+    port = shared["0000:10:00.0"]["kv_offload"]
+    assert port["load_bytes_per_second"] == pytest.approx(LOAD_BPS)
+    # eight cards carrying the same load: eight times a card's mean
+    assert port["rx_mean_bytes_per_second"] == pytest.approx(8 * cards[0]["kv_offload"]["rx_mean_bytes_per_second"], rel=0.02)
+    assert port["rx_share_of_traffic"] == pytest.approx(LOAD_BPS / port["rx_mean_bytes_per_second"])
+    assert "kv_offload" not in shared["0000:20:00.0"]
+    assert mismatches(host, HostReview) == []

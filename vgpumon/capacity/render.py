@@ -76,7 +76,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
             out.print(Text(f"  GPU {g['index']}: IMPOSSIBLE, {g['impossible']}", style="magenta"))
     for g in h["gpus"]:
         if (kv := g.get("kv_offload")) is not None:
-            out.print(Text(_kv_line(g["index"], kv)))
+            out.print(Text(_kv_line(f"GPU {g['index']}", kv, "its")))
     if not h["shared"]:
         out.print(Text(h["note"] or "no shared switch or root port above these GPUs", style="dim"))
         return
@@ -98,6 +98,9 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
         if p["impossible"]:
             out.print(Text(f"  {p['kind']} {p['port']}: IMPOSSIBLE, {p['impossible']}", style="magenta"))
     for p in h["shared"]:
+        if (kv := p.get("kv_offload")) is not None:
+            out.print(Text(_kv_line(f"{p['kind']} {p['port']}", kv, "their")))
+    for p in h["shared"]:
         for proj in p["projections"]:
             if proj["add"] == review["add_cards"] and proj["p95_share"] is not None and not p["impossible"]:
                 out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
@@ -105,7 +108,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
                           + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))
 
 
-def _kv_line(index: int, kv: CardKvOffload) -> str:
+def _kv_line(where: str, kv: CardKvOffload, their: str) -> str:
     """``GPU 0: KV offload of vLLM 127.0.0.1:8000 moved 1.14 GB/s in (2.0 % of its RX traffic; 1.8 %
     of the max link) and 0.24 GB/s out (6.8 % of its TX traffic), mean over the window``."""
 
@@ -113,10 +116,10 @@ def _kv_line(index: int, kv: CardKvOffload) -> str:
         said = [f"{_pct(v)} of {what}" for v, what in shares if v is not None]
         return _rate(rate) + (f" ({'; '.join(said)})" if said else "")
 
-    load = part(kv["load_bytes_per_second"], (kv["rx_share_of_traffic"], "its RX traffic"), (kv["load_share_of_max_link"], "the max link"))
-    store = part(kv["store_bytes_per_second"], (kv["tx_share_of_traffic"], "its TX traffic"))
+    load = part(kv["load_bytes_per_second"], (kv["rx_share_of_traffic"], f"{their} RX traffic"), (kv["load_share_of_max_link"], "the max link"))
+    store = part(kv["store_bytes_per_second"], (kv["tx_share_of_traffic"], f"{their} TX traffic"))
     split = f"; split evenly over the server's {kv['split']} GPUs" if kv["split"] > 1 else ""
-    return f"  GPU {index}: KV offload of vLLM {', '.join(kv['servers'])} moved {load} in and {store} out, mean over the window{split}"
+    return f"  {where}: KV offload of vLLM {', '.join(kv['servers'])} moved {load} in and {store} out, mean over the window{split}"
 
 
 def _card_share(g: GpuCapacity, d: str) -> Text:

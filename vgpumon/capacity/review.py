@@ -103,15 +103,24 @@ def _window_mean(per_minute: Minutes, direction: str) -> float | None:
     return mean
 
 
-def _kv_offload(kv: GpuKvOffload, minutes: Minutes, cap_max: float | None) -> CardKvOffload:
-    """The KV-offload traffic charged to a card against its own traffic and its max link."""
-    rx, tx = _window_mean(minutes, "rx"), _window_mean(minutes, "tx")
+def _kv_offload(kvs: Sequence[GpuKvOffload], minutes: Sequence[Minutes], cap_max: float | None) -> CardKvOffload:
+    """The KV-offload traffic charged to a card (or to the cards behind a shared port) against
+    their own mean traffic and the max link."""
+
+    def total(direction: str) -> float | None:
+        means = [m for c in minutes if (m := _window_mean(c, direction)) is not None]
+        return sum(means) if means else None
+
+    load = sum(kv["load_bytes_per_second"] for kv in kvs)
+    store = sum(kv["store_bytes_per_second"] for kv in kvs)
+    rx, tx = total("rx"), total("tx")
     return {
-        "servers": list(kv["servers"]), "split": kv["split"], "polls": kv["polls"],
-        "load_bytes_per_second": kv["load_bytes_per_second"], "store_bytes_per_second": kv["store_bytes_per_second"],
+        "servers": sorted({s for kv in kvs for s in kv["servers"]}), "split": max(kv["split"] for kv in kvs),
+        "polls": sum(kv["polls"] for kv in kvs),
+        "load_bytes_per_second": load, "store_bytes_per_second": store,
         "rx_mean_bytes_per_second": rx, "tx_mean_bytes_per_second": tx,
-        "rx_share_of_traffic": share(kv["load_bytes_per_second"], rx), "tx_share_of_traffic": share(kv["store_bytes_per_second"], tx),
-        "load_share_of_max_link": _share(kv["load_bytes_per_second"], cap_max),
+        "rx_share_of_traffic": share(load, rx), "tx_share_of_traffic": share(store, tx),
+        "load_share_of_max_link": _share(load, cap_max),
     }
 
 
@@ -224,7 +233,7 @@ def review_host(
         if series:
             entry["series"] = {"tx": _series(c, "tx"), "rx": _series(c, "rx")}
         if ident.uuid in offload:
-            entry["kv_offload"] = _kv_offload(offload[ident.uuid], c, cap_max)
+            entry["kv_offload"] = _kv_offload([offload[ident.uuid]], [c], cap_max)
         out["gpus"].append(entry)
         by_uuid[ident.uuid] = g
 
@@ -239,6 +248,8 @@ def review_host(
         if key not in summed:
             summed[key] = _sum_minutes([cols[g.id] for g in members])
         port = _shared(hop, members, summed[key], add_cards=add_cards, saturation_ratio=saturation_ratio, series=series)
+        if kvs := [offload[g.identity.uuid] for g in members if g.identity.uuid in offload]:
+            port["kv_offload"] = _kv_offload(kvs, [cols[g.id] for g in members], port["link_max"]["capacity_bytes_per_second"])
         out["shared"].append(port)
         if port["saturated"]:
             out["saturated"].append(bdf)

@@ -69,7 +69,8 @@ class _GpuCapacity(TypedDict):
 
 
 class CardKvOffload(TypedDict):
-    """The part of a card's PCIe traffic that vLLM's KV offload moved over the window (means)."""
+    """The part of a card's PCIe traffic (or of the cards' behind a shared port) that vLLM's KV
+    offload moved over the window (means)."""
 
     servers: list[str]  # host:port of the servers offloading through it
     split: int  # the most GPUs one server's traffic was split across (evenly)
@@ -125,6 +126,7 @@ class SharedPort(_SharedPort, total=False):
     """A switch or root port above two or more cards: their combined load against its link."""
 
     series: Series  # series=True (the HTML plots); never in --json
+    kv_offload: CardKvOffload  # its cards' KV offload against their summed mean traffic and its link
 
 
 class HostReview(TypedDict):
