@@ -93,6 +93,15 @@ def test_real_vllm_starting_ready_busy_dead(vllm_python, tmp_path):
     # own /metrics showed it to the test
     assert max(s.running for s in busy) == own_running_max > 0
     assert any(s.generation_tokens_per_second for s in busy)
+    # issue 28's signals as this CPU build gives them: SLO attainment from its TTFT and inter-token
+    # histograms, prefix-cache hits (prefix caching is on by default) and preemptions per
+    # interval; no draft model and no OffloadingConnector, so no acceptance and no KV offload
+    assert any(s.ttft_slo_observations for s in busy) and any(s.itl_slo_observations for s in busy)
+    assert all(0 <= s.ttft_slo_attainment_ratio <= 1 for s in samples if s.ttft_slo_attainment_ratio is not None)
+    assert any(s.prefix_cache_hit_ratio is not None for s in busy)
+    assert any(s.preemptions_per_second is not None for s in busy)
+    assert all(s.spec_decode_acceptance_ratio is None and s.kv_offload_load_bytes_per_second is None
+               and s.kv_offload_store_bytes_per_second is None for s in samples)
     # killed while idle, with the API process frozen so that nothing but the process tree can
     # tell (as /health does in builds where it stays 200 after the engine died): dead, "engine
     # lost", within two polls of the kill; the API process, let go, then went away
