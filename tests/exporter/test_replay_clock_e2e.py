@@ -117,3 +117,14 @@ def test_a_replay_beside_a_live_vllm_server_raises_the_same_alerts_in_the_agent_
     assert sorted(api - twins) == [] and sorted(twins - api) == [], f"only the agent: {sorted(api - twins)}; only Prometheus: {sorted(twins - api)}"
     assert (EXPECTED, f"server=127.0.0.1:{vllm.port}") in api
     assert silent == [], [s["metric"] for s in silent]
+
+
+def test_the_compose_demo_is_the_replay_this_test_holds_to_one_clock():
+    """The compose demo's agent replays the same capture in the same mode as the test above (at
+    its recorded pace, so on the wall clock): what the test shows of the agent and Prometheus
+    holds for the demo's Grafana and Prometheus too."""
+    compose = yaml.safe_load((ROOT / "exporters" / "compose" / "docker-compose.yml").read_text())
+    command = compose["services"]["vgpumon-demo"]["command"]
+    assert command[0] == "agent"
+    assert command[command.index("--replay") + 1] == "/data/h200-workload.jsonl.gz"  # tests/data, mounted at /data
+    assert command[command.index("--pace") + 1] == "recorded"
