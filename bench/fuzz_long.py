@@ -6,11 +6,14 @@ documented refusal is counted as such; any other exception is a crash, one that 
 timeout a hang (the worker is replaced). Findings (target, kind, the input as hex, the error)
 go to the ``--json`` file, with the counts; the last line printed is the one-line JSON summary.
 
-    python bench/fuzz_long.py --inputs 20000 --workers 2 --json bench/results/fuzz-local.json
+    python bench/fuzz_long.py --inputs 20000 --workers 2 --json /tmp/fuzz-local.json
     python bench/fuzz_long.py --inputs 1000000 --workers 16 --json bench/results/fuzz-1m.json
 
 Inputs are split evenly over the targets (``--targets`` picks some); ``--seed`` makes a run
-repeatable. Results: docs/reliability.md, "Fuzzing".
+repeatable: every batch's inputs are a function of the seed, the target and the batch's number,
+made in the worker that runs them. ``--shard K/N`` runs one of N parts of a run (on machines whose
+time is cut into calls), ``--merge`` adds the parts' files up into the run's. Results:
+docs/reliability.md, "Fuzzing".
 """
 
 from __future__ import annotations
@@ -74,22 +77,31 @@ def _alarm(_sig: int, _frame: object) -> None:
     raise TimeoutError("input timed out")
 
 
-def _worker(jobs: mp.Queue, results: mp.Queue, timeout: float) -> None:
+def _batch_inputs(seed: int, name: str, batch_no: int, n: int, corpus: list[bytes]) -> list[bytes]:
+    """The inputs of one batch: a function of the run's seed, the target and the batch number only,
+    so any worker (or any shard of the run, on another machine) makes the same ones."""
+    rng = random.Random(f"{seed}:{name}:{batch_no}")
+    return [mutate(rng, rng.choice(corpus), corpus) for _ in range(n)]
+
+
+def _worker(jobs: mp.Queue, results: mp.Queue, timeout: float, seed: int) -> None:
     signal.signal(signal.SIGALRM, _alarm)
+    corpora: dict[str, list[bytes]] = {}
     for target in TARGETS.values():  # imports and first-use state, before any input is timed
-        for seed in seeds(target.name)[:1]:
+        corpora[target.name] = seeds(target.name)
+        for first in corpora[target.name][:1]:
             try:
-                target.run(seed)
+                target.run(first)
             except Exception:  # noqa: BLE001, S110 - warming up: a seed's outcome is judged by the run, not here
                 pass
     while True:
         job = jobs.get()
         if job is None:
             return
-        name, batch = job
+        name, batch_no, n = job
         target = TARGETS[name]
         out = []
-        for data in batch:
+        for data in _batch_inputs(seed, name, batch_no, n, corpora[name]):
             signal.setitimer(signal.ITIMER_REAL, timeout)
             try:
                 target.run(data)
@@ -106,28 +118,35 @@ def _worker(jobs: mp.Queue, results: mp.Queue, timeout: float) -> None:
         results.put((name, out))
 
 
-def run(inputs: int, workers: int, timeout: float, seed: int, names: list[str], batch: int = 50) -> dict:
-    """Fuzz ``inputs`` inputs over ``names`` on ``workers`` processes; the counts and findings."""
-    rng = random.Random(seed)
-    corpora = {n: seeds(n) for n in names}
+_KINDS = ("inputs", "passed", "refused", "crash", "hang")
+
+
+def run(inputs: int, workers: int, timeout: float, seed: int, names: list[str], batch: int = 50,
+        shard: tuple[int, int] = (0, 1)) -> dict:
+    """Fuzz ``inputs`` inputs over ``names`` on ``workers`` processes; the counts and findings.
+    ``shard`` (k, n) runs only the batches whose number is k modulo n: the n shards of one seed,
+    run anywhere, are together exactly the whole run (``--merge`` adds them up)."""
+    k, of = shard
     ctx = mp.get_context("fork")
     jobs: mp.Queue = ctx.Queue()
     results: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(jobs, results, timeout), daemon=True) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(jobs, results, timeout, seed), daemon=True) for _ in range(workers)]
     for p in procs:
         p.start()
     per = {n: inputs // len(names) + (1 if i < inputs % len(names) else 0) for i, n in enumerate(names)}
     pending = 0
+    batch_no = 0
     for name, count in per.items():
-        corpus = corpora[name]
         while count > 0:
             n = min(batch, count)
-            jobs.put((name, [mutate(rng, rng.choice(corpus), corpus) for _ in range(n)]))
+            if batch_no % of == k:
+                jobs.put((name, batch_no, n))
+                pending += 1
             count -= n
-            pending += 1
+            batch_no += 1
     for _ in procs:
         jobs.put(None)
-    counts = {n: {"inputs": 0, "passed": 0, "refused": 0, "crash": 0, "hang": 0} for n in names}
+    counts = {n: dict.fromkeys(_KINDS, 0) for n in names}
     findings: list[dict] = []
     t0 = time.monotonic()
     lost = 0
@@ -147,9 +166,28 @@ def run(inputs: int, workers: int, timeout: float, seed: int, names: list[str], 
                 findings.append({"target": name, "kind": kind, "error": error, "input_hex": hexdata[:20000]})
     for p in procs:
         p.join(30)
-    total = {k: sum(c[k] for c in counts.values()) for k in ("inputs", "passed", "refused", "crash", "hang")}
+    total = {key: sum(c[key] for c in counts.values()) for key in _KINDS}
     return {"seed": seed, "workers": workers, "timeout_s": timeout, "seconds": round(time.monotonic() - t0, 1),
-            **total, "batches_lost": lost, "targets": counts, "findings": findings}
+            "shard": f"{k}/{of}", "planned_inputs": inputs, **total, "batches_lost": lost, "targets": counts,
+            "findings": findings}
+
+
+def merge(parts: list[dict]) -> dict:
+    """The shards of one run added up; refused unless they are the n distinct shards of one seed,
+    one input count and one target list."""
+    keys = {(p["seed"], p["planned_inputs"], tuple(p["targets"])) for p in parts}
+    shards = sorted(p["shard"] for p in parts)
+    of = {int(s.split("/")[1]) for s in shards}
+    if len(keys) != 1 or len(of) != 1 or shards != [f"{i}/{len(parts)}" for i in range(len(parts))]:
+        raise SystemExit(f"--merge: not the shards of one run: {shards}, seeds/inputs/targets {sorted(keys)}")
+    names = list(parts[0]["targets"])
+    counts = {n: {key: sum(p["targets"][n][key] for p in parts) for key in _KINDS} for n in names}
+    total = {key: sum(c[key] for c in counts.values()) for key in _KINDS}
+    return {"seed": parts[0]["seed"], "workers": [p["workers"] for p in parts], "timeout_s": parts[0]["timeout_s"],
+            "seconds": round(sum(p["seconds"] for p in parts), 1), "shard_seconds": [p["seconds"] for p in parts],
+            "shard": f"{len(parts)} of {len(parts)}", "planned_inputs": parts[0]["planned_inputs"], **total,
+            "batches_lost": sum(p["batches_lost"] for p in parts), "targets": counts,
+            "findings": [f for p in parts for f in p["findings"]][:200]}
 
 
 def main() -> None:
@@ -159,18 +197,28 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds one input may take before it is a hang")
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated: " + ", ".join(TARGETS))
+    ap.add_argument("--shard", default="0/1", help="K/N: run the K-th of N equal parts of the run (default 0/1: all)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="add up the shards' --json files instead")
     ap.add_argument("--json", type=Path, help="write the counts and findings here")
     args = ap.parse_args()
     names = [n for n in args.targets.split(",") if n]
     unknown = [n for n in names if n not in TARGETS]
-    if unknown or args.inputs < 1 or args.workers < 1:
-        ap.error(f"unknown targets {unknown}" if unknown else "--inputs and --workers must be at least 1")
-    result = run(args.inputs, args.workers, args.timeout, args.seed, names)
+    try:
+        k, of = (int(x) for x in args.shard.split("/"))
+    except ValueError:
+        k, of = -1, 0
+    if unknown or args.inputs < 1 or args.workers < 1 or not 0 <= k < of:
+        ap.error(f"unknown targets {unknown}" if unknown else
+                 "--shard is K/N with 0 <= K < N" if not 0 <= k < of else "--inputs and --workers must be at least 1")
+    if args.merge:
+        result = merge([json.loads(p.read_text()) for p in args.merge])
+    else:
+        result = run(args.inputs, args.workers, args.timeout, args.seed, names, shard=(k, of))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    summary = {k: result[k] for k in ("inputs", "passed", "refused", "crash", "hang", "seconds", "workers", "seed")}
-    summary["by_target"] = {n: {k: c[k] for k in ("inputs", "crash", "hang")} for n, c in result["targets"].items()}
+    summary = {key: result[key] for key in (*_KINDS, "seconds", "workers", "seed", "shard")}
+    summary["by_target"] = {n: {key: c[key] for key in ("inputs", "crash", "hang")} for n, c in result["targets"].items()}
     summary["batches_lost"] = result["batches_lost"]
     print(json.dumps(summary, separators=(",", ":")))
     sys.exit(1 if result["crash"] or result["hang"] or result["batches_lost"] else 0)

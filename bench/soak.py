@@ -7,7 +7,13 @@ threads, open files, the spool's and the store's size over time (docs/reliabilit
 
 The capture is the recorded H200 one, repeated (one GPU: the agent's per-process costs are what a
 soak looks for). Exits 1 when resident memory grows by more than ``--max-growth-mib`` (5) after
-the warm-up (the first fifth of the run), when a tick is lost, or when the agent fails.
+the warm-up, when a tick is lost, or when the agent fails.
+
+Warm-up is the longest window of per-tick rows a rule reads (the leak fit's 6 h and its step
+look-back, 10 min: 22 200 ticks at 1 Hz, ``LONGEST_WINDOW_S``): until the data has spanned it,
+every evaluation reads a longer window than the last, and the agent's memory rises with it,
+bounded by that window. The run's samples are taken as the ticks go at an even pace, so the
+warm-up is that share of the run.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vgpumon.config.thresholds import Thresholds  # noqa: E402
 from vgpumon.sources.nvml.capture import read_capture  # noqa: E402
 from vgpumon.testing import scenarios  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "data" / "h200-workload.jsonl.gz"
+#: The longest window of per-tick rows any rule reads, in data seconds: the leak fit and its step look-back.
+LONGEST_WINDOW_S = Thresholds().leak_fit_seconds + Thresholds().leak_step_seconds
 
 
 def free_port() -> int:
@@ -64,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-growth-mib", type=float, default=5.0, help="resident-memory growth allowed after the warm-up, MiB")
     ap.add_argument("--json", type=Path, help="write the series and the summary here")
     args = ap.parse_args(argv)
+    warmup_share = LONGEST_WINDOW_S / args.ticks  # at 1 Hz, a tick is a data second
+    if warmup_share > 0.8:
+        ap.error(f"--ticks {args.ticks}: the run must be longer than its warm-up, the longest rule window "
+                 f"({LONGEST_WINDOW_S:.0f} ticks at 1 Hz) and a fifth: at least {math.ceil(LONGEST_WINDOW_S / 0.8)}")
     header, ticks = read_capture(CAPTURE)
     ticks = list(ticks)
     per_pass = sum(1 for t in ticks if t["tick"] >= 0)
@@ -105,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             stored = conn.execute("SELECT count(DISTINCT ts) FROM gpu_samples").fetchone()[0]
             integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
         elapsed = time.monotonic() - started
-    warm = series[len(series) // 5:] or series  # warm-up: the first fifth of the run
+    warm = series[math.ceil(len(series) * warmup_share):] or series  # after the warm-up (module docstring)
     rss = [s["VmRSS"] / 1024 for s in warm]
     summary: dict[str, Any] = {
-        "ticks": len(body), "stored_ticks": stored, "agent_exit": proc.returncode, "seconds": round(elapsed, 1),
+        "ticks": len(body), "warmup_ticks": round(LONGEST_WINDOW_S), "stored_ticks": stored, "agent_exit": proc.returncode, "seconds": round(elapsed, 1),
         "samples": len(series), "scrapes_answered": scrapes, "scrapes_failed": failed,
         "rss_mib_after_warmup": {"first": round(rss[0], 1), "min": round(min(rss), 1), "max": round(max(rss), 1),
                                 "last": round(rss[-1], 1)} if rss else None,

@@ -171,7 +171,7 @@ class _Rules:
 
     def unknown(self):
         return [
-            UnknownSample("GpuStuck", "critical", "not_supported", {"gpu": "0", "uuid": H200}),
+            UnknownSample("GpuStuck", "critical", "not_applicable", {"gpu": "0", "uuid": H200}),
             UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "11"}),
             UnknownSample("GpuProcessMemoryLeak", "warning", "warming_up", {"gpu": "0", "uuid": H200, "pid": "12"}),
         ]
@@ -189,7 +189,7 @@ def test_rules_feed_alerts_and_leak_slope(workload):
     assert [lab for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VllmDead"] == []  # resolved: gone
     assert m.value("vgpumon_gpu_memory_used_slope_bytes_per_second", **IDENTITY) == 3472.2
     assert m.value("vgpumon_rule_unknown", hostname="h200-replay", rule="GpuStuck", severity="critical",
-                   reason="not_supported", gpu="0", uuid=H200) == 1.0
+                   reason="not_applicable", gpu="0", uuid=H200) == 1.0
     # two processes of one GPU that cannot be judged yet: one series of that GPU, no pid label
     leaks = [lab for lab, _ in m.series("vgpumon_rule_unknown") if lab["rule"] == "GpuProcessMemoryLeak"]
     assert leaks == [{"hostname": "h200-replay", "rule": "GpuProcessMemoryLeak", "severity": "warning",
@@ -319,11 +319,12 @@ def test_agent_attaches_the_kubelets_owners_to_each_tick_and_serves_them(sock_di
     assert m.value("vgpumon_agent_source_up", hostname="h200-replay", source="kubernetes") == 1.0
 
 
-def test_a_gpu_without_gpm_is_served_as_rules_that_cannot_judge_not_as_silence(tmp_path):
+def test_a_gpu_without_gpm_is_served_as_rules_that_do_not_apply_not_as_silence_nor_as_blind(tmp_path):
     """The recorded H200 copy without GPM (16 s): GpuStuck and GpuMemoryHeldIdle can never fire
-    on it. /metrics says so with the agent's own verdict, one series per rule and GPU with a
-    bounded reason, and VgpumonRuleCannotJudge is on its way for them (pending: its 15 min have
-    not passed), never for the leak rule that only waits for its hours of history."""
+    on it. /metrics says so with the agent's own verdict, one series per rule and GPU with the
+    bounded reason ``not_applicable`` (the GPU has no GPM: nothing is missing), and
+    VgpumonRuleCannotJudge is not on its way for them, nor for the leak rule that only waits for
+    its hours of history (docs/rules.md, "Cannot judge, or not applicable")."""
     from vgpumon.agent import Agent
     from vgpumon.alerts.runner import RuleRunner
     from vgpumon.alerts.sinks import LogSink
@@ -339,13 +340,13 @@ def test_a_gpu_without_gpm_is_served_as_rules_that_cannot_judge_not_as_silence(t
         store.close()
     m = Scrape(MetricsExporter.for_agent(agent, ExporterConfig(listen="off"), rules=runner).render().decode())
     unknown = {lab["rule"]: lab for lab, _ in m.series("vgpumon_rule_unknown")}
-    assert unknown["GpuStuck"]["reason"] == unknown["GpuMemoryHeldIdle"]["reason"] == "not_supported", unknown
+    assert unknown["GpuStuck"]["reason"] == unknown["GpuMemoryHeldIdle"]["reason"] == "not_applicable", unknown
     assert unknown["GpuStuck"]["gpu"] == "0" and unknown["GpuStuck"]["severity"] == "critical"
     assert unknown["GpuMemoryLeak"]["reason"] == "warming_up"
     assert "GpuXidCritical" not in unknown and "GpuLost" not in unknown  # judged: ok, not unknown
     assert {lab["reason"] for lab in unknown.values()} <= set(UNKNOWN_CODES), unknown  # never "other" here
     blind = {lab["rule"]: lab["state"] for lab, _ in m.series("vgpumon_alerts") if lab["alertname"] == "VgpumonRuleCannotJudge"}
-    assert blind.get("GpuStuck") == blind.get("GpuMemoryHeldIdle") == "pending", blind
+    assert "GpuStuck" not in blind and "GpuMemoryHeldIdle" not in blind, blind
     assert "GpuMemoryLeak" not in blind and "GpuXidCritical" not in blind, blind
 
 

@@ -12,6 +12,7 @@ from conftest import H200_CAPTURE, phase
 from rules_support import at_end, diagnosed, firing, replay, stored_alerts
 
 from vgpumon.rules.catalogue import BY_NAME
+from vgpumon.rules.core import unknown_code
 from vgpumon.testing import scenarios
 
 STRAGGLER = 2
@@ -73,8 +74,12 @@ def test_a_gpu_within_tolerance_is_not_a_straggler(tmp_path, kw, why):
     assert firing(alerts, "GpuStraggler") == []
 
 
-def test_two_busy_gpus_are_not_enough_to_tell_which_one_straggles(tmp_path):
+def test_on_a_host_of_two_gpus_the_straggler_rule_does_not_apply(tmp_path):
+    """Two boards cannot say which one is slow: on a host that has only two of the model the rule
+    does not apply (not "cannot judge": nothing is missing, docs/rules.md)."""
     found, alerts = _run(tmp_path, clock=0.8, gpus=2, straggler=1)
     assert {g: f.state for g, f in found.items()} == {"0": "unknown", "1": "unknown"}
-    assert found["1"].reason == "2 busy GPU(s) of its model on the host over the last 5 min; 3 are needed to compare with"
+    assert found["1"].reason == "not applicable: the host has 2 GPU(s) of its model; 3 are needed to compare with"
+    assert unknown_code(found["1"].reason) == "not_applicable"
     assert firing(alerts, "GpuStraggler") == []
+

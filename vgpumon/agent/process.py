@@ -27,6 +27,8 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from vgpumon.base.listen import ExporterConfig
     from vgpumon.config import Settings
     from vgpumon.exporter.api import ApiConfig
+    from vgpumon.model import Snapshot
 
 log = logging.getLogger("vgpumon")
 
@@ -113,6 +116,25 @@ def make_plan(
     }
 
 
+class ReplayClock:
+    """The clock of a replay as fast as possible: the capture's time (its ticks', moved by
+    ``--shift-to-now``), read between ticks as the newest tick's time plus the wall time since it
+    was taken in. A live source beside the replay (a vLLM server) stamps its polls with it, so
+    the rules, which judge a replay in its ticks' time, read them on the same clock as the GPUs'
+    rows. A replay at the recorded pace needs none: its ticks are on the wall clock."""
+
+    def __init__(self, first_ts: float | None, wall: Callable[[], float] = time.time) -> None:
+        self._wall = wall
+        #: wall − data time, measured at each tick (until the first, from the capture's first tick)
+        self.offset = 0.0 if first_ts is None else wall() - first_ts
+
+    def observe(self, snap: "Snapshot") -> None:
+        self.offset = self._wall() - snap.ts
+
+    def now(self) -> float:
+        return self._wall() - self.offset
+
+
 def store_deadline(statement_timeout: float, busy_timeout: float, connect_timeout: float) -> float:
     """Seconds a store call may go without an answer before the agent counts the store as silent
     and cuts its connections (``Agent.store_deadline``): past the longest wait the store's own
@@ -164,7 +186,10 @@ def run(plan: Plan) -> int:
     a, st, ex, rp = plan["agent"], plan["store"], plan["exporter"], plan["run"]
     replay = rp["replay"]
     exporter = exporter_config(ex["listen"], ex["metrics_file"])
-    backend = ReplayBackend(replay, shift_s=rp["shift_s"]) if replay else None  # a bad capture: exit 65 before anything is created
+    # a replay runs on one clock (docs/exporter.md, "Replays on one clock"): at the recorded
+    # pace the wall clock (its first tick lands now), as fast as possible the capture's
+    backend = ReplayBackend(replay, shift_s=rp["shift_s"], anchor=time.time if rp["recorded_pace"] else None) if replay else None  # a bad capture: exit 65 before anything is created
+    clock = ReplayClock(backend.first_ts) if backend is not None and not rp["recorded_pace"] else None
     slow_every = a["slow_every"]
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10
@@ -187,7 +212,7 @@ def run(plan: Plan) -> int:
         slo = SloTargets(th.vllm_slo_ttft_seconds, th.vllm_slo_itl_seconds, th.vllm_slo_window_seconds)
         # a replay reads a recorded host: only configured servers, no discovery on this one
         vllm = VllmSource(static_urls=v["urls"], processes=NoProcesses() if replay else None, interval=v["interval"],
-                           probe_timeout=v["probe_timeout"], slo=slo)
+                           probe_timeout=v["probe_timeout"], slo=slo, clock=time.time if clock is None else clock.now)
     from pathlib import Path
 
     backlog = Backlog(Path(a["spool"]), max_spool_bytes=a["spool_max_mb"] << 20, max_memory_rows=a["buffer_max_rows"])
@@ -200,8 +225,6 @@ def run(plan: Plan) -> int:
     rules = None
     r = plan["rules"]
     if r["enabled"]:
-        import time
-
         from vgpumon.alerts.runner import RuleRunner
         from vgpumon.alerts.sinks import AlertmanagerSink, LogSink, WebhookSink
         from vgpumon.config.thresholds import Thresholds
@@ -233,6 +256,8 @@ def run(plan: Plan) -> int:
         rules=rules,
         store_deadline=store_deadline(st["statement_timeout_s"], st["busy_timeout_ms"] / 1000, st["connect_timeout_s"]),
     )
+    if clock is not None:
+        runner.observers.append(clock.observe)
     api = api_config(plan)
     otlp = None
     if ex["otlp_url"]:

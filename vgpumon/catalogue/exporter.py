@@ -141,7 +141,7 @@ DERIVED: tuple[Field, ...] = (
         "One series per rule and subject the agent's rules engine cannot judge (labels rule, severity, reason).",
         "the rules engine (RulesFeed.unknown)", BOOL, cadence="rules", lo=0, hi=1, prometheus="vgpumon_rule_unknown",
         label="rules that cannot judge",
-        note="value 1; reason is a code: not_supported, not_reported, no_data, warming_up, rule_failed, other (docs/rules.md)",
+        note="value 1; reason is a code: not_applicable, not_reported, no_data, warming_up, rule_failed, other (docs/rules.md)",
     ),
 )
 

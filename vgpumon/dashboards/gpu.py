@@ -128,9 +128,10 @@ def fleet():
                 table("Firing alerts", "Alerts the agents' rules engine holds as firing.",
                       Q('vgpumon_alerts{hostname=~"$host", state="firing"}'), unit="none", hide=("Time", "__name__", "Value")),
                 table("Rules that cannot judge", "Rules the agents' engine cannot judge for a GPU or source, and why "
-                      "(reason: not_supported, not_reported, no_data, warming_up, rule_failed): their alerts cannot fire there, "
-                      "so their silence is not health (VgpumonRuleCannotJudge; docs/exporter.md).",
-                      Q('vgpumon_rule_unknown{hostname=~"$host"}'), unit="none", hide=("Time", "__name__", "Value")),
+                      "(reason: not_reported, no_data, warming_up, rule_failed): their alerts cannot fire there, "
+                      "so their silence is not health (VgpumonRuleCannotJudge; docs/exporter.md). Rules that do not apply "
+                      "(reason not_applicable: no GPM, no ECC on the board) are not listed: nothing is missing there (docs/rules.md).",
+                      Q('vgpumon_rule_unknown{hostname=~"$host", reason!="not_applicable"}'), unit="none", hide=("Time", "__name__", "Value")),
             ]),
         ],
     )

@@ -85,6 +85,7 @@ def gpu_block(
     xid_counts: dict[str, int] | None = None,
     rules_unknown: dict[str, str] | None = None,
     areas: dict[str, AreaHealth] | None = None,
+    rules_not_applicable: dict[str, str] | None = None,
 ) -> GpuBlock:
     """One GPU's block of the report.
 
@@ -100,6 +101,7 @@ def gpu_block(
         last: its ``last_values`` of ``LAST_COLUMNS`` at ``end`` (read here when ``None``).
         xid_counts: XID code (as text) → its events on this GPU in the window.
         rules_unknown: rule → why it could not judge this GPU.
+        rules_not_applicable: rule → why it does not apply to this GPU (no GPM, no ECC).
         areas: its health per area (``health``).
 
     Returns:
@@ -223,6 +225,7 @@ def gpu_block(
         "unknown": unknown,
         "xid_counts": xid_counts if xid_counts is not None else {},
         "rules_unknown": rules_unknown if rules_unknown is not None else {},
+        "rules_not_applicable": rules_not_applicable if rules_not_applicable is not None else {},
         "health": areas if areas is not None else {},
     }
 
@@ -239,19 +242,20 @@ def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Ma
 
     Args:
         states: rule name → the GPU's state at the window's end: ``firing`` (an alert firing),
-            ``pending``, ``ok`` or ``unknown``.
+            ``pending``, ``ok``, ``unknown`` or ``n/a`` (the rule does not apply to this GPU).
         severities: rule name → severity (critical, warning, info).
-        reasons: rule name → why it is unknown.
+        reasons: rule name → why it is unknown or does not apply.
         down: ``GPU lost`` or ``GPU unreadable`` when NVML cannot read the GPU at the window's
             end: its other areas would be judged from the readings before, which say nothing of
             it now, so those that would PASS are UNKNOWN with that reason; an area with a firing
             or pending alert keeps it (the alert is the agent's verdict, XID 79 beside a loss).
 
     Returns:
-        area → ``{"status": "PASS"|"WARN"|"FAIL"|"UNKNOWN", "rules": {rule: state}, "reason": str | None}``:
+        area → ``{"status": "PASS"|"WARN"|"FAIL"|"UNKNOWN"|"N/A", "rules": {rule: state}, "reason": str | None}``:
         FAIL when a critical rule of the area fires, WARN when a warning rule fires or any rule
-        is pending, PASS when no rule fires and at least one judged the GPU ok, UNKNOWN when
-        every rule of the area lacks its inputs (the reason is the first one's).
+        is pending, PASS when no rule fires and at least one judged the GPU ok, N/A when no rule
+        of the area applies to the GPU, UNKNOWN when every rule of the area lacks its inputs
+        (the reason is the first one's).
     """
     out: dict[str, AreaHealth] = {}
     for area, rules in HEALTH_AREAS.items():
@@ -264,9 +268,12 @@ def health(states: Mapping[str, str], severities: Mapping[str, str], reasons: Ma
             status = "WARN"
         elif any(s in ("ok", "firing") for s in here.values()):
             status = "PASS"
+        elif here and all(s == "n/a" for s in here.values()):
+            status = "N/A"  # no rule of the area applies to this GPU (a board without ECC): nothing is missing
         else:
             status = "UNKNOWN"
-        reason = next((reasons[r] for r in rules if r in reasons), None) if status == "UNKNOWN" else None
+        reason = next((reasons[r] for r in rules if r in reasons and (status == "N/A" or here.get(r) != "n/a")), None) \
+            if status in ("UNKNOWN", "N/A") else None
         if down is not None and area != "readable" and status in ("PASS", "UNKNOWN"):
             status, reason = "UNKNOWN", down
         out[area] = {"status": status, "rules": here, "reason": reason}

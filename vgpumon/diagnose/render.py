@@ -30,7 +30,7 @@ from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServ
 
 SPARKS = "▁▂▃▄▅▆▇█"
 STYLE = {"critical": "bold red", "warning": "yellow", "unknown": "magenta", "ok": "green", "info": "dim"}
-HEALTH_STYLE = {"FAIL": "bold red", "WARN": "yellow", "PASS": "green", "UNKNOWN": "magenta"}
+HEALTH_STYLE = {"FAIL": "bold red", "WARN": "yellow", "PASS": "green", "UNKNOWN": "magenta", "N/A": "dim"}
 #: Width used when the output is not a terminal (a file, a pipe, a monitoring plugin): wide
 #: enough for the GPU table.
 PIPE_WIDTH = 200
@@ -552,10 +552,20 @@ def _unknown_rules(report: Report, out: Console) -> None:
     for u in report.get("rules_unknown", []):
         subject = ", ".join(f"{k}={v}" for k, v in u["labels"].items() if k != "hostname" and v)
         grouped.setdefault((u["rule"], u["reason"] or ""), []).append(subject or "host")
-    if not grouped:
-        return
-    out.print()
-    out.print(Text("Rules that could not judge (inputs absent; never taken as healthy)", style="dim"))
-    for (rule, reason), who in sorted(grouped.items()):
-        where = f"GPU {', '.join(who)}" if all(w.isdigit() for w in who) else ", ".join(who)
-        out.print(Text(f"  {rule} ({where}): {reason}", style="dim"))
+    if grouped:
+        out.print()
+        out.print(Text("Rules that could not judge (inputs absent; never taken as healthy)", style="dim"))
+        for (rule, reason), who in sorted(grouped.items()):
+            where = f"GPU {', '.join(who)}" if all(w.isdigit() for w in who) else ", ".join(who)
+            out.print(Text(f"  {rule} ({where}): {reason}", style="dim"))
+    # rules that do not apply here (no GPM, no ECC on the board): no blind spot, said apart
+    idle: dict[str, list[str]] = {}
+    for g in report["gpus"]:
+        for rule in g.get("rules_not_applicable", {}):
+            idle.setdefault(rule, []).append(str(g["index"]))
+    for u in report.get("rules_not_applicable", []):
+        idle.setdefault(u["rule"], []).append(", ".join(f"{k}={v}" for k, v in u["labels"].items() if k != "hostname" and v) or "host")
+    if idle:
+        out.print(Text("Not applicable here: " + "; ".join(
+            f"{rule} ({'GPU ' + ', '.join(who) if all(w.isdigit() for w in who) else ', '.join(who)})" for rule, who in sorted(idle.items())),
+            style="dim"))

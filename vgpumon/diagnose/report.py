@@ -32,6 +32,7 @@ from vgpumon.diagnose.schema import (
     Evaluation,
     Finding,
     Report,
+    RuleUnknown,
     Status,
     XidEntry,
     XidEventEntry,
@@ -254,6 +255,7 @@ def build_report(
 
     # -- the rules, at the window's end, through the agent's lifecycle ---------------------------
     from vgpumon.rules.catalogue import BY_NAME
+    from vgpumon.rules.core import is_not_applicable
     from vgpumon.rules.engine import Engine
     from vgpumon.rules.gpu import CRITICAL_XIDS, WARNING_XIDS, down_reasons
     from vgpumon.rules.source import CANNOT_JUDGE
@@ -289,15 +291,26 @@ def build_report(
     states: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
     severities = {r.name: r.severity for r in engine.rules}
     unknown_reasons: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
+    # a rule whose input this host simply does not have (no GPM, no ECC) does not apply: said as
+    # such, apart from the rules that cannot judge (docs/rules.md, "Cannot judge, or not applicable")
+    not_applicable: dict[str, dict[str, str]] = {u: {} for u in by_uuid}
     report["rules_unknown"] = []
+    host_not_applicable: list[RuleUnknown] = []
     for f in at_end:
         gpu = by_uuid.get(f.labels.get("uuid", "")) if BY_NAME[f.rule].subject in GPU_SUBJECTS else None
+        na = f.state == "unknown" and is_not_applicable(f.reason)
         if gpu is not None:
-            states[gpu.identity.uuid].setdefault(f.rule, "pending" if f.state == "firing" else f.state)
-            if f.state == "unknown":
+            states[gpu.identity.uuid].setdefault(f.rule, "n/a" if na else "pending" if f.state == "firing" else f.state)
+            if na:
+                not_applicable[gpu.identity.uuid][f.rule] = f.reason or "not applicable"
+            elif f.state == "unknown":
                 unknown_reasons[gpu.identity.uuid][f.rule] = f.reason or "inputs absent"
+        elif na:
+            host_not_applicable.append({"rule": f.rule, "labels": f.labels, "reason": f.reason})
         elif f.state == "unknown":
             report["rules_unknown"].append({"rule": f.rule, "labels": f.labels, "reason": f.reason})
+    if host_not_applicable:
+        report["rules_not_applicable"] = host_not_applicable
     lost_firing: set[int] = set()
     for a in open_alerts:
         rule = BY_NAME[a.name]
@@ -345,7 +358,8 @@ def build_report(
         block = gpu_block(store, g, start, end, aggs[g.id], topology=topology, index_of=index_of,
                           rejected=rejected.get(f"gpu:{u}"), down=(down[g.id], reasons.get(g.id, "unreadable")) if g.id in down else None,
                           last=lasts[g.id], xid_counts=xid_counts, rules_unknown=unknown_reasons[u],
-                          areas=health(st, severities, unknown_reasons[u],
+                          rules_not_applicable=not_applicable[u],
+                          areas=health(st, severities, {**not_applicable[u], **unknown_reasons[u]},
                                        down=None if g.id not in down else "GPU lost" if g.id in lost_firing else "GPU unreadable"))
         if not block["samples"]:
             findings.append(own("unknown", f"no samples in the window ({duration(window_seconds)})", gpu=g.identity, kind="no_samples"))

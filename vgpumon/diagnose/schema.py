@@ -19,7 +19,7 @@ from vgpumon.model.report_parts import Link, LinkCapacity, Span  # shared with t
 #: A report's (and its verdict's) status; the exit code follows it (0, 1, 2, 3).
 Status = Literal["ok", "warning", "critical", "unknown"]
 #: A health area's status, as DCGM's health watches report it.
-HealthStatus = Literal["PASS", "WARN", "FAIL", "UNKNOWN"]
+HealthStatus = Literal["PASS", "WARN", "FAIL", "UNKNOWN", "N/A"]
 
 
 # -- shared parts -------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ class Rejected(TypedDict):
 class AreaHealth(TypedDict):
     status: HealthStatus
     rules: dict[str, str]  # rule -> the GPU's state at the window's end
-    reason: str | None  # why UNKNOWN
+    reason: str | None  # why UNKNOWN (or N/A)
 
 
 class GpuBlock(TypedDict):
@@ -275,6 +275,7 @@ class GpuBlock(TypedDict):
     unknown: dict[str, str]  # "<field>.<stat>" -> why it is None
     xid_counts: dict[str, int]  # XID code (as text, a JSON key) -> events in the window
     rules_unknown: dict[str, str]  # rule -> why it could not judge this GPU
+    rules_not_applicable: dict[str, str]  # rule -> why it does not apply to this GPU (no GPM, no ECC)
     health: dict[str, AreaHealth]  # area (HEALTH_AREAS) -> its health
 
 
@@ -489,6 +490,7 @@ class Report(_Report, total=False):
     they are added."""
 
     lookback: Span  # a report with data
+    rules_not_applicable: list[RuleUnknown]  # host-level subjects a rule does not apply to
     evaluation: Evaluation  # a report with data
     newest_sample_age_seconds: float  # a report with data
     store_note: str  # the CLI: how the store was read

@@ -122,6 +122,9 @@ LABEL_NAMES: dict[str, str] = {
     "where": "spool or memory (backlog)",
 }
 MAX_LABELS = 8
+#: the sources whose times follow a replay's clock (the capture's, in a replay as fast as
+#: possible): their timestamps are served moved onto the wall clock Prometheus compares them with
+REPLAY_CLOCK_SOURCES = frozenset({"nvml", "vllm"})
 
 _CACHE_MAX = 4096  # label sets kept across scrapes; identities change rarely, so this is a guard
 
@@ -140,8 +143,9 @@ class MetricsExporter(VllmSeries, Collector):
         backlog: the agent's ``Backlog`` (spool depth).
         topology: returns the host's PCIe topology, or ``None`` when it was not read.
         monotonic: the clock that ages ticks (the agent's).
-        wall: for a replay, the wall clock: the capture-time stamps the exporter serves
-            (the NVML source's last success) are moved by ``wall() − tick time`` measured as
+        wall: for a replay, the wall clock: the replay-clock stamps the exporter serves
+            (the NVML and vLLM sources' last success, vLLM's ready time) are moved by
+            ``wall() − tick time`` (about 0 at the recorded pace, which replays on the wall clock) measured as
             each tick is taken in, so Prometheus, which compares them with its own now, sees
             the ages the agent's rules see in data time; ``None`` (live) serves them as read.
     """
@@ -442,8 +446,8 @@ class MetricsExporter(VllmSeries, Collector):
             for st in snap.sources:
                 if not fresh:
                     st = SourceStatus(st.name, False, st.last_success_ts, st.collect_seconds, st.rejected, "no tick")
-                if st.last_success_ts is not None and st.name == "nvml" and self._offset:
-                    # the capture's time in a replay: moved to the wall clock it was taken in at
+                if st.last_success_ts is not None and st.name in REPLAY_CLOCK_SOURCES and self._offset:
+                    # the replay's time (a capture's, fast): moved to the wall clock it was taken in at
                     st = dataclasses.replace(st, last_success_ts=st.last_success_ts + self._offset)
                 out.append(st)
         return out

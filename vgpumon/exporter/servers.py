@@ -16,6 +16,8 @@ class VllmSeries:
     """The vLLM part of ``MetricsExporter``: what it reads of the exporter is declared here."""
 
     hostname: str
+    #: wall − data time of the newest tick (a replay's, else 0): added to the times served
+    _offset: float
 
     def _cached(self, key: tuple[Hashable, ...], make: Callable[[], Labels]) -> Labels:
         raise NotImplementedError  # MetricsExporter's
@@ -69,7 +71,7 @@ class VllmSeries:
             for e in smp.engines:
                 plans.add_values(fams, self._engine_labels(base, e.model_name, e.engine), e, plans.ENGINE)
             if smp.ready_ts is not None and (fam := fams.get(plans.READY)) is not None:
-                fam.add(base, smp.ready_ts)
+                fam.add(base, smp.ready_ts + self._offset)  # on the wall clock, as the source statuses
             if (fam := fams.get(plans.SERVER_GPU)) is not None:
                 for uuid in smp.gpu_uuids:
                     gpu = index.get(uuid)

@@ -44,8 +44,10 @@ SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
 UNKNOWN_CODES: dict[str, tuple[str, ...]] = {
     # a check that raised (Engine.evaluate)
     "rule_failed": ("rule failed",),
-    # the GPU or driver has no such reading at all (no GPM): it will not come by waiting
-    "not_supported": ("no GPM", "not supported"),
+    # the rule does not apply here: its input is optional data this host simply does not have
+    # (no GPM on this GPU, no ECC or row remapping on this board, too few GPUs of a model to
+    # compare): said as "not applicable", never as "cannot judge" (docs/rules.md)
+    "not_applicable": ("not applicable",),
     # the inputs exist but not for long enough yet: a trend, a settling step, a first start
     # (a trend rule's history after a start: the minutes of its fit, its rollups, not stored yet)
     "warming_up": ("a trend needs", "settles", "not known yet", "not measured", "no earlier start", "covers less than",
@@ -56,6 +58,21 @@ UNKNOWN_CODES: dict[str, tuple[str, ...]] = {
     "no_data": ("no samples", "stored", "fewer than", "less than", "no 1-minute rollups", "too few points",
                 "not alive with telemetry", "no GPU of the host reported"),
 }
+
+
+#: The prefix of an unknown finding's reason when the rule does not apply to the subject.
+NOT_APPLICABLE = "not applicable"
+
+
+def not_applicable(reason: str) -> str:
+    """The reason of a finding whose rule does not apply here (code ``not_applicable``)."""
+    return f"{NOT_APPLICABLE}: {reason}"
+
+
+def is_not_applicable(reason: str | None) -> bool:
+    """True when an unknown finding's reason says its rule does not apply (``not_applicable``):
+    no alert could ever fire there, by the host's make, not by a fault."""
+    return unknown_code(reason) == "not_applicable"
 
 
 def unknown_code(reason: str | None) -> str:

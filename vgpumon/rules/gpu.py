@@ -16,7 +16,19 @@ from vgpumon.catalogue.xid import XIDS
 from vgpumon.config.thresholds import Thresholds
 from vgpumon.model.gpu import GPU_LOST_REASON
 from vgpumon.rules import gpu_usage
-from vgpumon.rules.core import Check, Finding, Rule, Runbook, Twin, by, duration, gpu_labels, prom, prom_duration
+from vgpumon.rules.core import (
+    Check,
+    Finding,
+    Rule,
+    Runbook,
+    Twin,
+    by,
+    duration,
+    gpu_labels,
+    not_applicable,
+    prom,
+    prom_duration,
+)
 from vgpumon.rules.view import GpuEventRow, HostView, row_ts
 from vgpumon.store import StoredGpu
 
@@ -31,6 +43,11 @@ CRITICAL_XIDS = (48, 62, 64, 74, 79, 95, 119, 120, 140)
 WARNING_XIDS = (94, 31, 32, 43, 63)
 #: What an XID means, for descriptions: our table of NVIDIA's Xid catalog (``vgpumon.catalogue.xid``).
 XID_MEANINGS: dict[int, str] = {code: x.meaning for code, x in XIDS.items()}
+
+
+#: Row remapping is a datacenter board's (NVML has it from Ampere on): one that never reported it
+#: has none to judge.
+_NO_REMAP = not_applicable("this GPU reports no row remapping (NVML has it from Ampere on; this GPU, driver or capture gave none)")
 
 
 def _labels(view: HostView, g: StoredGpu) -> dict[str, str]:
@@ -52,10 +69,13 @@ def _latched(column: str, absent: str, fires: Callable[[float], object]) -> Chec
     """A check on the newest value of a slow-set counter or flag (at or before the evaluation)."""
 
     def check(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
+        sampled = view.latest(("up",))
         for g in view.gpus:
             item = view.last_values(g.id, (column,))[column]
             if item is None:
-                yield _unknown(rule, view, g, absent)
+                # a GPU sampled that never reported the counter has none (``absent``); one with
+                # no sample at all cannot be judged
+                yield _unknown(rule, view, g, absent if g.id in sampled else "no samples stored")
                 continue
             ts, value = item
             on = bool(fires(value))
@@ -254,7 +274,7 @@ RULES: tuple[Rule, ...] = (
         "A GPU reported uncorrectable (double-bit) ECC errors.",
         "{value} volatile uncorrectable ECC errors since the driver loaded (read {read}): drain and reset the GPU.",
         (f"{G}.ecc_uncorrected_volatile_total",),
-        _latched("ecc_uncorrected_volatile_total", "ECC not reported (disabled or not supported)", lambda v: v > 0),
+        _latched("ecc_uncorrected_volatile_total", not_applicable("this GPU reports no ECC counters (ECC disabled or not supported)"), lambda v: v > 0),
         _ecc_twin,
         Runbook(
             "The GPU's memory returned data that ECC could not correct since the driver was loaded. Results computed on "
@@ -270,7 +290,7 @@ RULES: tuple[Rule, ...] = (
         "Row remapping failed on a GPU: its memory can no longer be repaired.",
         "The GPU reports a failed row remap (read {read}): it needs replacing.",
         (f"{G}.remapped_rows_failure",),
-        _latched("remapped_rows_failure", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", bool),
+        _latched("remapped_rows_failure", _NO_REMAP, bool),
         _remap_failure_twin,
         Runbook(
             "HBM rows with uncorrectable errors are remapped to spare rows; a failed remap means no spare was left or "
@@ -284,7 +304,7 @@ RULES: tuple[Rule, ...] = (
         "A row remap waits for a GPU reset.",
         "A row remap is pending (read {read}): the GPU runs without it until it is reset.",
         (f"{G}.remapped_rows_pending",),
-        _latched("remapped_rows_pending", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", bool),
+        _latched("remapped_rows_pending", _NO_REMAP, bool),
         _remap_pending_twin,
         Runbook(
             "An uncorrectable error marked a memory row for remapping; the remap takes effect at the next GPU reset.",
@@ -297,7 +317,7 @@ RULES: tuple[Rule, ...] = (
         "A GPU has remapped many rows after uncorrectable errors.",
         "{value} rows remapped after uncorrectable errors (≥ 512, DCGM's warning level; read {read}).",
         (f"{G}.remapped_rows_uncorrectable_total",),
-        _latched("remapped_rows_uncorrectable_total", "row remapping not reported (NVML has it from Ampere on; this GPU, driver or capture gave none)", lambda v: v >= 512),
+        _latched("remapped_rows_uncorrectable_total", _NO_REMAP, lambda v: v >= 512),
         _remapped_high_twin,
         Runbook(
             "Each uncorrectable memory error uses a spare row; at 512 DCGM warns that the spares are running out.",

@@ -14,7 +14,20 @@ from typing import Iterable
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS
 from vgpumon.config.thresholds import Thresholds
-from vgpumon.rules.core import Finding, Rule, Runbook, Twin, by, duration, gb, gpu_labels, pct, prom, prom_duration
+from vgpumon.rules.core import (
+    Finding,
+    Rule,
+    Runbook,
+    Twin,
+    by,
+    duration,
+    gb,
+    gpu_labels,
+    not_applicable,
+    pct,
+    prom,
+    prom_duration,
+)
 from vgpumon.rules.view import HostView
 from vgpumon.store import StoredGpu
 
@@ -51,7 +64,7 @@ def _stuck(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         a = agg[g.id]
         cap = link_capacity_bytes_per_second(g.identity.pcie_link_gen_max, g.identity.pcie_link_width_max)
         if not g.identity.gpm_supported:
-            yield _unknown(rule, view, g, "no GPM on this GPU: SM activity unknown (utilization alone cannot tell stuck from busy)")
+            yield _unknown(rule, view, g, not_applicable("no GPM on this GPU: SM activity unknown (utilization alone cannot tell stuck from busy)"))
             continue
         needed = ("utilization_gpu_ratio_min", "sm_active_ratio_max", "tensor_active_ratio_max", "dram_active_ratio_max",
                   "pcie_tx_bytes_per_second_max", "pcie_rx_bytes_per_second_max")
@@ -195,7 +208,7 @@ def _held_idle(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     for g in view.gpus:
         a = agg[g.id]
         if not g.identity.gpm_supported:
-            yield _unknown(rule, view, g, "no GPM on this GPU: SM activity unknown")
+            yield _unknown(rule, view, g, not_applicable("no GPM on this GPU: SM activity unknown"))
             continue
         if not _covers(a, view, window) or a["memory_used_bytes_min"] is None or a["sm_active_ratio_max"] is None:
             yield _unknown(rule, view, g, f"memory or SM activity not reported over the last {duration(window)}")

@@ -100,8 +100,10 @@ def _collector_fault_twin(th: Thresholds) -> list[Twin]:
 #: The rule about the other rules: one that cannot judge a subject for a while says so.
 CANNOT_JUDGE = "VgpumonRuleCannotJudge"
 #: Reason codes that do not make a rule "cannot judge": inputs that come by waiting (a trend's
-#: hours after a start, a step settling); ``vgpumon_rule_unknown`` still serves them.
-WAITING = ("warming_up",)
+#: hours after a start, a step settling), and a rule that does not apply to the subject
+#: (``not_applicable``: no GPM, no ECC on this board): nothing is missing there (docs/rules.md,
+#: "Cannot judge, or not applicable"). ``vgpumon_rule_unknown`` serves both, with their code.
+WAITING = ("warming_up", "not_applicable")
 
 
 def _judged_elsewhere(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:

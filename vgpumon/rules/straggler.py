@@ -30,6 +30,7 @@ from vgpumon.rules.core import (
     duration,
     fmt,
     gpu_labels,
+    not_applicable,
     pct,
     prom,
     prom_duration,
@@ -75,9 +76,17 @@ def _straggler(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     for g in view.gpus:
         if busy(g):
             peers.setdefault(g.identity.name, []).append(g)
+    of_model: dict[str | None, int] = {}
+    for g in view.gpus:
+        of_model[g.identity.name] = of_model.get(g.identity.name, 0) + 1
     for g in view.gpus:
         labels = gpu_labels(view.hostname, g.identity.index, g.identity.uuid)
         a = agg[g.id]
+        if of_model[g.identity.name] < th.straggler_min_gpus:
+            # the host has too few boards of this model to compare with, however busy: by its make
+            yield Finding(rule.name, labels, "unknown", reason=not_applicable(
+                f"the host has {of_model[g.identity.name]} GPU(s) of its model; {int(th.straggler_min_gpus)} are needed to compare with"))
+            continue
         if a["utilization_gpu_ratio_mean"] is None:
             yield Finding(rule.name, labels, "unknown", reason=f"no utilization over the last {duration(window)}")
             continue

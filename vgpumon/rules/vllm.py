@@ -331,7 +331,11 @@ def _traffic_twin(th: Thresholds) -> list[Twin]:
 
 def _fragmented_twin(th: Thresholds) -> list[Twin]:
     w = prom_duration(th.kv_window_seconds)
-    return [Twin(f"max {BY} (avg_over_time({prom(V, 'kv_fragmentation_ratio')}[{w}])) >= {th.kv_fragmentation_ratio}",
+    frag = prom(V, "kv_fragmentation_ratio")
+    # as the native check, only over a window the estimates cover (from 90 % of it): a server
+    # seen for a minute has no 15-minute mean (a replay beside a live server fired it at once)
+    covered = f"max {BY} (time() - min_over_time(timestamp({frag})[{w}:15s])) >= {0.9 * th.kv_window_seconds:g}"
+    return [Twin(f"max {BY} (avg_over_time({frag}[{w}])) >= {th.kv_fragmentation_ratio}\nand on (hostname, server) {covered}",
                  "An estimated {{ $value | humanizePercentage }} of the KV-cache slots in use on vLLM server {{ $labels.server }} "
                  "({{ $labels.hostname }}) hold no token (mean over " + w + ").")]
 

@@ -372,6 +372,10 @@ class ReplayBackend:
             consumed once, the init block (``tick == -1``) first when there is one.
         shift_s: seconds added to every tick's time and every XID event's (``capture_end``:
             a replay made to end now, so that retention and freshness judge it as new data).
+        anchor: the wall clock, for a replay at the recorded pace: the shift is then measured
+            at the first tick, so that it lands at the moment it is replayed and each after it
+            at its own (``shift_s`` is replaced). The replay then runs on the wall clock, the
+            one a live source beside it (vLLM) and Prometheus read (docs/exporter.md).
     """
 
     replays_time = True
@@ -383,9 +387,11 @@ class ReplayBackend:
         header: CaptureHeader | None = None,
         ticks: Iterable[Tick] | None = None,
         shift_s: float = 0.0,
+        anchor: Callable[[], float] | None = None,
     ) -> None:
         self._where = str(path) if path is not None else "the capture"
         self.shift_s = float(shift_s)
+        self._anchor = anchor
         if path is not None:
             header, ticks = iter_capture(path)
         if header is None or ticks is None:
@@ -400,8 +406,13 @@ class ReplayBackend:
         # The first tick is read now, so that a capture without ticks, or whose first tick is
         # malformed, is refused before the caller creates anything (a store); later lines are
         # read as the replay reaches them.
+        #: the capture's first tick's time (before any shift), ``None`` for a capture without ticks
+        self.first_ts: float | None = None
         if first is not None:
             stream = itertools.chain([first], stream)
+            ts = first.get("ts")
+            if isinstance(ts, (int, float)):
+                self.first_ts = float(ts) + self.shift_s
         self._ticks: Iterator[Tick] = (t for t in stream if t["tick"] >= 0)
         self._current: dict[str, list[Outcome]] = {}
         self._started = False
@@ -452,6 +463,9 @@ class ReplayBackend:
             log.warning("capture tick %d skipped: its time %r s is not a plausible time (2000-01-01 to 2100-01-01)",
                         tick["tick"], recorded)
         self._current = self._index(tick["calls"])
+        if self._anchor is not None:  # the first tick: the replay moves onto the wall clock
+            self.shift_s = self._anchor() - float(recorded)
+            self._anchor = None
         return float(recorded) + self.shift_s
 
     def system(self, fn: str, *args: NvmlArg) -> NvmlAnswer:
