@@ -5,6 +5,7 @@ refusing another directory, and a store path that cannot be used told in one lin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,88 @@ def test_the_generators_write_where_they_are_told(tmp_path):
     assert list((tmp_path / "r").glob("*.rules.yml"))
     assert (tmp_path / "rb" / "GpuLost.md").is_file()
     assert not (tmp_path / "rules").exists() and not (tmp_path / "docs").exists()
+
+
+# -- a 76-second replay, as the README's step by step stores it ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The H200 capture replayed as the README says (shifted to end now, not yet pruned)."""
+    d = tmp_path_factory.mktemp("fresh")
+    out = _run(["agent", "--replay", str(H200_CAPTURE), "--shift-to-now", "--hostname", "h", "--db", str(d / "demo.db"),
+                "--listen", "off"], d)
+    assert out.returncode == 0, out.stderr
+    return d
+
+
+def test_the_memory_column_shows_what_its_label_says(fresh):
+    """The table's title says "(mean / max)" and its memory column showed the last reading: 0.00
+    GiB for a GPU that held 12.70 GiB a minute before. The column is the window's highest
+    reading, and says so."""
+    import json
+
+    rep = json.loads(_run(["diagnose", "h", "--db", "demo.db", "--json"], fresh).stdout)
+    mem = rep["gpus"][0]["memory"]
+    assert mem["used_last_bytes"] < 1e9 < mem["used_max_bytes"]  # the capture frees what it allocated
+    text = _run(["diagnose", "h", "--db", "demo.db"], fresh, COLUMNS="80").stdout
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("memory used")]
+    assert line.split() == ["memory", "used", "max", "/", "total", f"{mem['used_max_bytes'] / 2**30:.2f}", "GiB", "/",
+                            f"{mem['total_bytes'] / 2**30:.2f}", "GiB"], line
+
+
+def test_rules_that_cannot_judge_76_seconds_say_what_is_missing(fresh):
+    """With 76 s of samples every input of GpuStuck and GpuMemoryHeldIdle is there: what they
+    lack is the history their window needs, not "utilization, GPM activity, PCIe or the link
+    not reported"; a counter the capture never read is "not reported", not "fewer than two
+    reads"; a leak trend reads rollups that a replay has not written yet."""
+    import json
+
+    rep = json.loads(_run(["diagnose", "h", "--db", "demo.db", "--json"], fresh).stdout)
+    reasons = rep["gpus"][0]["rules_unknown"]
+    assert reasons["GpuStuck"] == "samples span only the last 75 s; it judges the last 5 min and needs samples over 90 % of it"
+    assert reasons["GpuMemoryHeldIdle"] == "samples span only the last 75 s; it judges the last 60 min and needs samples over 90 % of it"
+    assert reasons["GpuPcieReplaysHigh"] == "replay counter not reported in the last 10 min"
+    assert reasons["GpuMemoryLeak"].startswith("its raw samples are not rolled up yet: it reads 1-minute rollups, 6.0 h of them")
+    assert not any("not reported" in r for rule, r in reasons.items() if rule in ("GpuStuck", "GpuMemoryHeldIdle"))
+
+
+# -- reports at a narrow terminal -----------------------------------------------------------------
+
+_UNIT_FIRST = re.compile(r"^(?:[kMGT]i?B/s|[kMGT]i?B|%|ms|s|min|h|days?|W|°C|MHz)(?![\w/])")
+
+
+def _split_figures(text: str) -> list[str]:
+    """Each place where a line ends in a number and the next begins with a unit."""
+    lines = text.splitlines()
+    return [f"{a.rstrip()!r} / {b.strip()!r}" for a, b in zip(lines, lines[1:])
+            if re.search(r"\d$", a.rstrip()) and _UNIT_FIRST.match(b.strip())]
+
+
+@pytest.fixture(scope="module")
+def incident_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from conftest import DATA
+
+    from vgpumon.testing import incident
+
+    d = tmp_path_factory.mktemp("incident")
+    cap = incident.write(DATA, d / "incident.jsonl.gz", uplink_bound=True)
+    out = _run(["agent", "--replay", str(cap), "--sysfs", str(incident.sysfs_tree(DATA, d / "sys")), "--hostname", "h8",
+                "--shift-to-now", "--db", "s.db", "--listen", "off"], d)
+    assert out.returncode == 0, out.stderr
+    assert _run(["db", "prune", "--db", "s.db"], d).returncode == 0
+    return d
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_a_wrapped_report_keeps_each_figure_with_its_unit(incident_store, columns):
+    """At 80 columns the ECC evidence read "(read 5" / "s ago)"; no wrap splits a number from
+    its unit, in diagnose or capacity, and the space between them is a plain space again."""
+    diag = _run(["diagnose", "h8", "--db", "s.db"], incident_store, COLUMNS=str(columns))
+    cap = _run(["capacity", "h8", "--db", "s.db", "--add", "2"], incident_store, COLUMNS=str(columns))
+    assert diag.returncode == 2 and cap.returncode == 0, diag.stderr + cap.stderr
+    for out in (diag.stdout, cap.stdout):
+        assert _split_figures(out) == []
+        assert "\u2800" not in out
+        assert max(len(line) for line in out.splitlines()[1:]) <= columns
+    assert "5 s ago" in " ".join(diag.stdout.split()) and "133.6 % at p95" in " ".join(cap.stdout.split())
