@@ -151,3 +151,80 @@ def test_a_wrapped_report_keeps_each_figure_with_its_unit(incident_store, column
         assert "\u2800" not in out
         assert max(len(line) for line in out.splitlines()[1:]) <= columns
     assert "5 s ago" in " ".join(diag.stdout.split()) and "133.6 % at p95" in " ".join(cap.stdout.split())
+
+
+# -- a store path this user may not use ----------------------------------------------------------
+
+
+def _as_another_user() -> list[str]:
+    """A prefix that runs a command as a user the test's 0700 directory shuts out: this user
+    (not root: chmod binds), or uid 65534 through setpriv (root: chmod does not bind); skips
+    where neither can be had."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv (util-linux): cannot become a user a directory shuts out")
+    base = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = subprocess.run(base + [sys.executable, "-c", "import vgpumon.cli"], capture_output=True, text=True)
+    if probe.returncode != 0:  # the interpreter itself is out of its reach: no such user can run it
+        pytest.skip(f"cannot run this interpreter as uid 65534: {probe.stderr.strip().splitlines()[-1:]}")
+    return base
+
+
+_STORE_COMMANDS = [
+    ["agent", "--replay", str(H200_CAPTURE), "--listen", "off", "--db", "{db}"],
+    ["db", "upgrade", "--db", "{db}"],
+    ["db", "prune", "--db", "{db}"],
+    ["db", "stats", "--db", "{db}"],
+    ["capacity", "--db", "{db}"],
+    ["diagnose", "h", "--db", "{db}"],
+]
+
+
+def _one_line_and_documented_code(args: list[str], out: subprocess.CompletedProcess[str], says: str) -> None:
+    lines = out.stderr.strip().splitlines()
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("vgpumon: ") and says in lines[0], out.stderr
+    if args[0] == "diagnose":  # UNKNOWN, with the same reason on its one line
+        assert out.returncode == 3 and out.stdout.startswith("UNKNOWN h: ") and says in out.stdout, out.stdout
+    else:  # the store cannot be used (README's table)
+        assert out.returncode == 69, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("args", _STORE_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_a_store_below_a_regular_file_is_one_line(tmp_path, args):
+    (tmp_path / "file").write_text("not a directory\n")
+    db = tmp_path / "file" / "x.db"
+    out = _run([a.replace("{db}", str(db)) for a in args], tmp_path, VGPUMON_AGENT_EXEC="0")
+    _one_line_and_documented_code(args, out, f"store {db} unavailable: {tmp_path / 'file'} is a file, not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("args", _STORE_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_a_store_in_a_directory_this_user_may_not_enter_is_one_line(tmp_path, args):
+    """`--db /root/x.db` as another user was pathlib's PermissionError and a traceback (exit 1)
+    from every command: now one line naming the directory, 69 (diagnose: UNKNOWN, 3)."""
+    import shutil
+    import tempfile
+
+    prefix = _as_another_user()
+    top = Path(tempfile.mkdtemp(prefix="vgpumon-closed-", dir="/tmp" if prefix else tmp_path))
+    try:
+        top.chmod(0o755)
+        closed = top / "closed"
+        closed.mkdir(mode=0o700)
+        db = closed / "x.db"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
+        env.update({"HOME": str(top), "XDG_CONFIG_HOME": str(top / "no-config"), "VGPUMON_AGENT_EXEC": "0"})
+        if not prefix:
+            closed.chmod(0o000)
+        out = subprocess.run(prefix + VGPUMON + [a.replace("{db}", str(db)) for a in args], capture_output=True, text=True,
+                             cwd=top, env=env, timeout=120)
+        _one_line_and_documented_code(args, out, f"store {db} unavailable: permission denied: ")
+        assert f"may not enter {closed};" in out.stderr
+    finally:
+        (top / "closed").chmod(0o700)
+        shutil.rmtree(top)
