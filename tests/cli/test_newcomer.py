@@ -187,11 +187,12 @@ _STORE_COMMANDS = [
 def _one_line_and_documented_code(args: list[str], out: subprocess.CompletedProcess[str], says: str) -> None:
     lines = out.stderr.strip().splitlines()
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert len(lines) == 1 and lines[0].startswith("vgpumon: ") and says in lines[0], out.stderr
-    if args[0] == "diagnose":  # UNKNOWN, with the same reason on its one line
+    if args[0] == "diagnose":  # UNKNOWN, the reason on its one line, and nothing else
         assert out.returncode == 3 and out.stdout.startswith("UNKNOWN h: ") and says in out.stdout, out.stdout
-    else:  # the store cannot be used (README's table)
-        assert out.returncode == 69, out.stdout + out.stderr
+        assert out.stdout.count("\n") == 1 and out.stderr == "", out.stderr
+        return
+    assert len(lines) == 1 and lines[0].startswith("vgpumon: ") and says in lines[0], out.stderr
+    assert out.returncode == 69, out.stdout + out.stderr  # the store cannot be used (README's table)
 
 
 @pytest.mark.parametrize("args", _STORE_COMMANDS, ids=lambda a: " ".join(a[:2]))
@@ -228,3 +229,26 @@ def test_a_store_in_a_directory_this_user_may_not_enter_is_one_line(tmp_path, ar
     finally:
         (top / "closed").chmod(0o700)
         shutil.rmtree(top)
+
+
+def test_diagnose_of_a_store_it_cannot_use_says_so_once(tmp_path):
+    """The README's `diagnose … --db postgresql+psycopg://…` in a venv without the postgres extra
+    printed its UNKNOWN line and the same reason again on stderr, a stray line at a terminal.
+    The text report says it once, on its first line; --json keeps the line on stderr, where the
+    person running a program's command sees it."""
+    url = "postgresql+psycopg://u@127.0.0.1:1/fleet"
+    code = ("import sys; sys.modules['psycopg'] = None\n"  # the driver is absent from this interpreter
+            "from vgpumon.cli import main; main(sys.argv[1:])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")
+    text = subprocess.run([sys.executable, "-c", code, "diagnose", "gpu-host-17", "--db", url, "--max-age", "2m"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert text.returncode == 3, text.stderr
+    assert text.stderr == ""
+    (line,) = text.stdout.splitlines()
+    assert line.startswith("UNKNOWN gpu-host-17: no driver for postgresql+psycopg: "), line
+    assert line.endswith("; install the postgres extra: pip install 'vgpumon[postgres]'"), line
+    as_json = subprocess.run([sys.executable, "-c", code, "diagnose", "gpu-host-17", "--db", url, "--json"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert as_json.returncode == 3 and '"status": "unknown"' in as_json.stdout
+    assert as_json.stderr.count("\n") == 1 and as_json.stderr.startswith("vgpumon: no driver for postgresql+psycopg")
