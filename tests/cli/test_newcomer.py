@@ -225,7 +225,7 @@ def test_a_store_in_a_directory_this_user_may_not_enter_is_one_line(tmp_path, ar
         out = subprocess.run(prefix + VGPUMON + [a.replace("{db}", str(db)) for a in args], capture_output=True, text=True,
                              cwd=top, env=env, timeout=120)
         _one_line_and_documented_code(args, out, f"store {db} unavailable: permission denied: ")
-        assert f"may not enter {closed};" in out.stderr
+        assert f"may not enter {closed};" in out.stdout + out.stderr
     finally:
         (top / "closed").chmod(0o700)
         shutil.rmtree(top)
