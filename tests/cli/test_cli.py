@@ -68,9 +68,12 @@ def test_diagnose_on_empty_store_is_unknown(tmp_path):
 def test_unreachable_store_is_unknown_with_one_line():
     out = run("diagnose", "localhost", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
     assert out.returncode == 3
-    assert out.stderr.startswith("vgpumon: store") and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
-    assert "UNKNOWN" in out.stdout
+    # one line: the UNKNOWN report's, which says why (docs/cli.md); nothing again on stderr
+    assert out.stderr == "" and len(out.stdout.strip().splitlines()) == 1
+    assert out.stdout.startswith("UNKNOWN ") and ": store " in out.stdout
+    as_json = run("diagnose", "localhost", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none", "--json")
+    assert as_json.returncode == 3 and as_json.stderr.startswith("vgpumon: store") and "Traceback" not in as_json.stderr
+    assert len(as_json.stderr.strip().splitlines()) == 1
 
 
 def test_garbage_capture_is_a_data_error(tmp_path):

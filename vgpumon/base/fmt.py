@@ -5,6 +5,7 @@ tables) is ``vgpumon.catalogue.fmt``, built on the field catalogue."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import overload
 
 
@@ -58,3 +59,28 @@ def clock(ts: float | None) -> str:
     if ts is None:
         return "?"
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%H:%M:%S")
+
+
+#: Stands for the space between a number and its unit while a report is wrapped: one cell wide
+#: and not whitespace (U+2800, the blank braille pattern), so that a wrap never splits "63.0 GB/s"
+#: or "5 s ago" between the figure and its unit; the console puts the space back as it writes
+#: (``vgpumon.diagnose.render.console``), so no output, JSON or copied text ever holds it.
+UNIT_JOINER = "\u2800"
+
+#: A figure then one space then a unit these reports print (sizes, rates, shares, durations,
+#: temperatures, power, clocks), ended by anything but a letter, a digit or ``/``.
+_FIGURE_UNIT = re.compile(
+    r"(?<=\d) (?=(?:[kMGT]i?B/s|[kMGT]i?B|B/s|%|ms|s|min|h|days?|W|°C|MHz|ticks?|GB/h|GB/day)(?![\w/]))"
+)
+
+
+def keep_units(text: str) -> str:
+    """``text`` with the space of every figure-and-unit pair (``63.0 GB/s``, ``94 %``, ``5 s``)
+    made unbreakable for wrapping (``UNIT_JOINER``); every other character, so every offset of
+    a styled span, stays where it was."""
+    return _FIGURE_UNIT.sub(UNIT_JOINER, text) if " " in text else text
+
+
+def unjoin_units(text: str) -> str:
+    """What ``keep_units`` joined, spaced again: the text as it is written out."""
+    return text.replace(UNIT_JOINER, " ") if UNIT_JOINER in text else text

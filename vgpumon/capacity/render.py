@@ -73,7 +73,7 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
     print_figures(t, out, blank_line=False)  # whole figures at any width: blocks of lines where the table is too wide
     for g in h["gpus"]:
         if g["impossible"]:
-            out.print(Text(f"  GPU {g['index']}: IMPOSSIBLE, {g['impossible']}", style="magenta"))
+            _note(out, f"  GPU {g['index']}: ", f"IMPOSSIBLE, {g['impossible']}", style="magenta")
     for g in h["gpus"]:
         if (kv := g.get("kv_offload")) is not None:
             out.print(Text(_kv_line(f"GPU {g['index']}", kv, "its")))
@@ -96,16 +96,26 @@ def _host(h: HostReview, review: Review, out: Console) -> None:
     print_figures(s, out, blank_line=False)
     for p in h["shared"]:
         if p["impossible"]:
-            out.print(Text(f"  {p['kind']} {p['port']}: IMPOSSIBLE, {p['impossible']}", style="magenta"))
+            _note(out, f"  {p['kind']} {p['port']}: ", f"IMPOSSIBLE, {p['impossible']}", style="magenta")
     for p in h["shared"]:
         if (kv := p.get("kv_offload")) is not None:
             out.print(Text(_kv_line(f"{p['kind']} {p['port']}", kv, "their")))
     for p in h["shared"]:
         for proj in p["projections"]:
             if proj["add"] == review["add_cards"] and proj["p95_share"] is not None and not p["impossible"]:
-                out.print(f"  {p['kind']} {p['port']}: adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
-                          f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
-                          + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))
+                _note(out, f"  {p['kind']} {p['port']}: ", f"adding {proj['add']} card{'s' if proj['add'] > 1 else ''} with the current "
+                      f"per-card load brings the shared link to {_pct(proj['p95_share'])} at p95"
+                      + (f" (saturated from {_pct(p['saturation_ratio'])}; no headroom)" if p["headroom_cards"] == 0 else ""))
+
+
+def _note(out: Console, lead: str, body: str, *, style: str = "") -> None:
+    """A note on a port, its text wrapped under its own start (a hanging indent), so that a
+    wrapped line does not read as a note of its own."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(Text(lead, style=style), Text(body, style=style))
+    out.print(grid)
 
 
 def _kv_line(where: str, kv: CardKvOffload, their: str) -> str:

@@ -4,7 +4,8 @@ own and read back with the commands an operator would type, each shown before it
 The hosts are real captures (``tests/data``, provenance in its README): the 8-GPU incident that
 ``vgpumon.testing.incident`` derives from the H200 captures (uncorrectable ECC, a GPU fallen off
 the bus, application XIDs, NVML blanks, every PCIe link loaded at once behind two shared
-switches) and the healthy one-GPU H200 workload. Both are replayed with ``--shift-to-now``, so
+switches, each card at the share of its switch's uplink it would get: ``uplink_bound``) and the
+healthy one-GPU H200 workload. Both are replayed with ``--shift-to-now``, so
 their times end now and the retention of ``db prune`` keeps them whatever the capture's age.
 """
 
@@ -66,7 +67,7 @@ def demo(
         store = work / "demo.db"
         if store.exists():
             raise UsageError(f"--dir {work} holds a demo.db already: give another --dir, or remove it")
-        capture = incident.write(data, work / "incident-8gpu.jsonl.gz")
+        capture = incident.write(data, work / "incident-8gpu.jsonl.gz", uplink_bound=True)
         sysfs = incident.sysfs_tree(data, work / "sysfs")
     except OSError as exc:
         raise UsageError(f"--dir {work}: cannot write there: {exc.strerror or exc}") from None

@@ -132,7 +132,10 @@ def diagnose(
     name, port, _ = _target(host, settings.diagnose.port)
     asked = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
     if asked is None or isinstance(asked, str):  # --db, or the agent is unreachable (``asked`` says why)
-        rep = _report_from_store(settings, name, since, note=asked, quiet=asked is not None)
+        # a store that cannot answer is the UNKNOWN report's own first line: a second copy on
+        # stderr read as a stray line at a terminal. With --json the reader is a program and the
+        # person running it sees stderr only: the line goes there too
+        rep = _report_from_store(settings, name, since, note=asked, quiet=asked is not None or not as_json)
         if stacks:
             rep["stacks_note"] = "--stacks needs the host's agent; this report came from the store"
     else:
@@ -185,7 +188,7 @@ def _report_from_store(settings: "Settings", host: str, since: Optional[str], *,
     """The report read from the store (``--db``, or the fallback for an unreachable agent).
 
     ``note`` (why the agent did not answer) goes into the report; ``quiet``: a store that cannot
-    answer either makes the report's one line say both, and nothing goes to stderr."""
+    answer is said by the report's one line only (with ``note``: both), nothing on stderr."""
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose import build_report, parse_since, resolve_host, unknown_report
     from vgpumon.rules.catalogue import rule_names

@@ -82,3 +82,21 @@ def _open_for_db(settings: "Settings", *, create: bool = False, read_only: bool 
 
     assert settings.store.url is not None
     return Store(settings.store.url, create=create, read_only=read_only, **_store_kwargs(settings))
+
+
+def _checkout_or_given(command: str, defaults: dict[str, str]) -> None:
+    """``rules build`` and ``dashboards build`` write the repository's generated files into
+    directories relative to the working directory: where one of them is left at its default
+    (``defaults``: flag → directory) the working directory must be a vgpumon checkout's root,
+    or the files land wherever the command was typed. Refuses (64) naming the flags to give."""
+    from pathlib import Path
+
+    from vgpumon.base.errors import UsageError
+
+    here = Path.cwd()
+    if not defaults or ((here / "pyproject.toml").is_file() and (here / "vgpumon" / "__init__.py").is_file()):
+        return
+    dirs = " and ".join(f"{d}/" for d in defaults.values())
+    flags = " ".join(f"{flag} DIR" for flag in defaults)
+    raise UsageError(f"{command}: {here} is not the root of a vgpumon checkout, where {dirs} belong{'s' if len(defaults) == 1 else ''}: "
+                     f"run it there, or say where to write with {flags}")

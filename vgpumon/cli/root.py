@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Annotated, Optional, cast
 import typer
 
 from vgpumon import __version__
-from vgpumon.base.errors import ExitCode, VgpumonError
+from vgpumon.base.errors import ExitCode, UsageError, VgpumonError
 from vgpumon.base.masking import mask_secrets
 from vgpumon.cli.agent import agent, record
 from vgpumon.cli.capacity import capacity
@@ -70,7 +71,20 @@ def _root(
     log_level: Annotated[Optional[LogLevel], typer.Option("--log-level", help="How much to log on stderr (default warning; VGPUMON_LOG_LEVEL).")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
+    if log_level is None:
+        _check_log_level_env()
     ctx.obj = {"config": config, "log_level": log_level.value if log_level else None}
+
+
+def _check_log_level_env() -> None:
+    """VGPUMON_LOG_LEVEL checked at the door, for every command: those that read no settings
+    (``rules list``, ``rules build``, ``dashboards build``) would otherwise take a typo silently.
+    Its message is the settings' own (``vgpumon.config``), so every command says the same."""
+    value = os.environ.get("VGPUMON_LOG_LEVEL", "")
+    levels = [level.value for level in LogLevel]
+    if value and value not in levels:  # an empty one is unset, as for every VGPUMON_* variable
+        names = ", ".join(repr(n) for n in levels[:-1]) + f" or {levels[-1]!r}"
+        raise UsageError(f"invalid VGPUMON_LOG_LEVEL: Input should be {names} (got {value[:40]!r})")
 
 
 # the commands and groups, in the order the help lists them

@@ -19,8 +19,8 @@ rules_app = typer.Typer(
 
 @rules_app.command("build")
 def rules_build(
-    out: Annotated[Path, typer.Option(help="Directory of the Prometheus rule files.", file_okay=False)] = Path("rules"),
-    runbooks: Annotated[Path, typer.Option(help="Directory of the runbooks.", file_okay=False)] = Path("docs/runbooks"),
+    out: Annotated[Optional[Path], typer.Option(help="Directory of the Prometheus rule files (default rules/ of the checkout).", file_okay=False, show_default=False)] = None,
+    runbooks: Annotated[Optional[Path], typer.Option(help="Directory of the runbooks (default docs/runbooks/ of the checkout).", file_okay=False, show_default=False)] = None,
     check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 when a file differs from what would be written.")] = False,
     runbook_base_url: Annotated[
         Optional[str],
@@ -33,13 +33,17 @@ def rules_build(
     ] = None,
 ) -> None:
     """Generate rules/*.rules.yml (the Prometheus twins) and docs/runbooks/*.md from the rule
-    catalogue, with the default thresholds. Run from the repository root; commit the result.
+    catalogue, with the default thresholds. Run from the repository root (elsewhere, give --out
+    and --runbooks); commit the result.
 
     Alertmanager and Grafana show runbook_url as a link: give --runbook-base-url where your
     copy of docs/runbooks/ is served, so that the link opens it."""
+    from vgpumon.cli.options import _checkout_or_given
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.rules import docs, prometheus
 
+    _checkout_or_given("rules build", {flag: d for flag, d, given in (("--out", "rules", out), ("--runbooks", "docs/runbooks", runbooks)) if given is None})
+    out, runbooks = out or Path("rules"), runbooks or Path("docs/runbooks")
     th = Thresholds() if runbook_base_url is None else Thresholds(runbook_base_url=_base_url(runbook_base_url))
     wanted = {out / name: text for name, text in prometheus.render(th).items()}
     wanted |= {runbooks / name: text for name, text in docs.render().items()}

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import io
 import os
-from typing import IO, Sequence
+from typing import IO, Any, Iterable, Sequence
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
-from vgpumon.base.fmt import duration
+from vgpumon.base.fmt import duration, keep_units, unjoin_units
 from vgpumon.diagnose.render_signals import signals_line, slo_line
 from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServer
 
@@ -55,7 +56,20 @@ def sparkline(values: Sequence[float | None], top: float | None = None) -> str:
 class _ReportConsole(Console):
     """A console whose reader may stop reading (``| head -1`` in a monitoring check): the rest of
     the output is dropped and the command goes on to its own exit code. rich's default exits 1,
-    which is WARNING in vgpumon's exit-code table."""
+    which is WARNING in vgpumon's exit-code table.
+
+    It wraps a figure and its unit as one word: every text it renders has their space joined
+    (``vgpumon.base.fmt.keep_units``) and gets it back as it is written, so "63.0 GB/s" or
+    "(read 5 s ago)" never end a line between the number and the unit."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return _joined(super().render_str(text, **kwargs))
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        return super().render(_joined(renderable) if isinstance(renderable, Text) else renderable, options)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:  # rich's one place where segments become text
+        return unjoin_units(super()._render_buffer(buffer))
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -65,6 +79,16 @@ class _ReportConsole(Console):
             os.close(devnull)
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def _joined(text: Text) -> Text:
+    """``text`` with its figures' units joined; the same object when it holds none."""
+    plain = keep_units(text.plain)
+    if plain == text.plain:
+        return text
+    out = text.copy()
+    out.plain = plain  # as long as before: every span keeps its offsets
+    return out
 
 
 def pipe_width() -> int:
@@ -247,7 +271,9 @@ def _gpus(report: Report, out: Console) -> None:
               caption="SM act.: GPM SM activity, the SMs' work; util.: utilization.gpu, the time any kernel or copy ran "
               "(a host→device copy reads util 100 % with SM act. 0 %). PCIe: share of the max link.",
               caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
-    for name in ("GPU", "model", "SM act.", "util.", "memory used / total", "PCIe TX max", "PCIe RX max", "max link",
+    # each column says which figure it holds: "(mean / max)" for the pairs, "max" where only
+    # the highest reading is shown (memory, PCIe, temperature), as the title promises
+    for name in ("GPU", "model", "SM act.", "util.", "memory used max / total", "PCIe TX max", "PCIe RX max", "max link",
                  "temp max", "power", "readable"):
         t.add_column(name, no_wrap=name in ("GPU", "temp max"))
     for g in report["gpus"]:
@@ -260,7 +286,7 @@ def _gpus(report: Report, out: Console) -> None:
             g["name"] or "N/A",
             _pair("sm_active_ratio", sm["mean_ratio"], sm["max_ratio"], u.get("sm_active_ratio.mean")),
             _pair("utilization_gpu_ratio", ut["mean_ratio"], ut["max_ratio"], u.get("utilization_gpu_ratio.mean")),
-            f"{_g('memory_used_bytes', m['used_last_bytes'], 'no sample')} / {_g('memory_total_bytes', m['total_bytes'])}",
+            f"{_g('memory_used_bytes', m['used_max_bytes'], 'no sample')} / {_g('memory_total_bytes', m['total_bytes'])}",
             _rate("pcie_tx_bytes_per_second", p["tx"]["max_bytes_per_second"], p["tx"]["max_share_of_max_link"], u.get("pcie_tx_bytes_per_second.max")),
             _rate("pcie_rx_bytes_per_second", p["rx"]["max_bytes_per_second"], p["rx"]["max_share_of_max_link"], u.get("pcie_rx_bytes_per_second.max")),
             f"Gen{lm['generation'] or '?'} x{lm['width'] or '?'}",
@@ -554,10 +580,10 @@ def _unknown_rules(report: Report, out: Console) -> None:
         grouped.setdefault((u["rule"], u["reason"] or ""), []).append(subject or "host")
     if grouped:
         out.print()
-        out.print(Text("Rules that could not judge (inputs absent; never taken as healthy)", style="dim"))
+        out.print(Text("Rules that could not judge (inputs absent or too short a history; never taken as healthy)", style="dim"))
         for (rule, reason), who in sorted(grouped.items()):
             where = f"GPU {', '.join(who)}" if all(w.isdigit() for w in who) else ", ".join(who)
-            out.print(Text(f"  {rule} ({where}): {reason}", style="dim"))
+            _hang(out, f"  {rule} ({where}): ", reason, style="dim")
     # rules that do not apply here (no GPM, no ECC on the board): no blind spot, said apart
     idle: dict[str, list[str]] = {}
     for g in report["gpus"]:

@@ -9,7 +9,7 @@ never ok for lack of data. Thresholds: ``vgpumon.config.thresholds``.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from vgpumon.base.pcie import link_capacity_bytes_per_second
 from vgpumon.catalogue.gpu import CLOCKS_EVENT_REASONS
@@ -57,6 +57,25 @@ def _covers(a: dict, view: HostView, window: float) -> bool:
     return a["samples"] > 0 and a["ts_min"] is not None and a["ts_min"] <= view.at - 0.9 * window
 
 
+def _too_short(a: dict, view: HostView, window: float) -> str | None:
+    """Why the window's rows cannot be judged when they do not span it (``_covers``): none
+    stored, or a history shorter than the rule looks at (a 76-second replay against a 5-minute
+    window), said as such — the inputs themselves may all be there."""
+    if not a["samples"] or a["ts_min"] is None:
+        return f"no samples in the last {duration(window)}"
+    if _covers(a, view, window):
+        return None
+    return (f"samples span only the last {duration(max(0.0, view.at - a['ts_min']))}; it judges the last "
+            f"{duration(window)} and needs samples over 90 % of it")
+
+
+def _missing(names: Mapping[str, object]) -> str:
+    """``a, b and c not reported`` for the inputs (name → value) that are absent."""
+    absent = [n for n, v in names.items() if v is None or v is False]
+    said = absent[0] if len(absent) == 1 else ", ".join(absent[:-1]) + f" and {absent[-1]}"
+    return f"{said} not reported"
+
+
 def _stuck(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
     window = th.stuck_window_seconds
     agg = view.window(window, _STUCK_COLUMNS)
@@ -69,9 +88,12 @@ def _stuck(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         needed = ("utilization_gpu_ratio_min", "sm_active_ratio_max", "tensor_active_ratio_max", "dram_active_ratio_max",
                   "pcie_tx_bytes_per_second_max", "pcie_rx_bytes_per_second_max")
         util, sm, tensor, dram, tx, rx = (a[k] for k in needed)
-        if (not _covers(a, view, window) or util is None or sm is None or tensor is None or dram is None or tx is None
+        inputs = {"utilization": util, "SM activity": sm, "tensor activity": tensor, "DRAM activity": dram,
+                  "PCIe TX": tx, "PCIe RX": rx, "the max link": bool(cap)}
+        short = _too_short(a, view, window)
+        if (short is not None or util is None or sm is None or tensor is None or dram is None or tx is None
                 or rx is None or not cap):
-            yield _unknown(rule, view, g, f"utilization, GPM activity, PCIe or the link not reported over the last {duration(window)}")
+            yield _unknown(rule, view, g, short or f"{_missing(inputs)} over the last {duration(window)}")
             continue
         engines = max(sm, tensor, dram)
         pcie = (tx + rx) / cap
@@ -210,10 +232,11 @@ def _held_idle(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         if not g.identity.gpm_supported:
             yield _unknown(rule, view, g, not_applicable("no GPM on this GPU: SM activity unknown"))
             continue
-        if not _covers(a, view, window) or a["memory_used_bytes_min"] is None or a["sm_active_ratio_max"] is None:
-            yield _unknown(rule, view, g, f"memory or SM activity not reported over the last {duration(window)}")
-            continue
+        short = _too_short(a, view, window)
         held, busiest, util = a["memory_used_bytes_min"], a["sm_active_ratio_max"], a["utilization_gpu_ratio_max"]
+        if short is not None or held is None or busiest is None:
+            yield _unknown(rule, view, g, short or f"{_missing({'memory used': held, 'SM activity': busiest})} over the last {duration(window)}")
+            continue
         # utilization too: a copy engine at work (SM 0, utilization 100 %) is not idle
         idle = busiest <= th.memory_idle_sm_ratio and (util is None or util <= th.memory_idle_utilization_ratio)
         on = held >= th.memory_idle_min_bytes and idle and g.identity.uuid not in serving

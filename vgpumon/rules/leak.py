@@ -196,7 +196,9 @@ def assess(
             since = f"a level step or a break settles for another {duration(cut - at)}"
         else:
             since = f"only {duration(at - cut)} since a level step or a break"
-        return "unknown", None, f"{since}; a trend needs {duration(fit_s)} without one"
+        history = at - points[0][0] if points else 0.0
+        stored = f", and {duration(history)} of history is stored" if history < 0.9 * fit_s else ""
+        return "unknown", None, f"{since}; a trend needs {duration(fit_s)} without one{stored}"
     if len(seg) < 0.5 * fit_s / 60 or not seg or seg[0][0] > at - 0.9 * fit_s:
         return "unknown", None, f"fewer than half the minutes of the last {duration(fit_s)} stored"
     trend = fit(seg, at)
@@ -283,7 +285,11 @@ def _gpu_leak(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
         rows = view.rollups(g.id, lookback, ("memory_used_bytes_p50", "memory_reserved_bytes_mean", "memory_total_bytes_last"))
         points = [(row_ts(r), used) for r in rows if (used := r["memory_used_bytes_p50"]) is not None]
         if not points:
-            yield Finding(rule.name, labels, "unknown", reason=f"no 1-minute rollups of memory used in the last {duration(lookback)}")
+            raw = view.window(th.leak_fit_seconds, ("ts",)).get(g.id)
+            yield Finding(rule.name, labels, "unknown", reason=(
+                f"its raw samples are not rolled up yet: it reads 1-minute rollups, {duration(th.leak_fit_seconds)} of them "
+                "(the agent writes them each minute; `vgpumon db prune` rolls up a replay)" if raw and raw["samples"]
+                else f"no 1-minute rollups of memory used in the last {duration(th.leak_fit_seconds)}"))
             continue
         points = _carry_accounting(rows, points, _semantics_breaks(rows))
         breaks = _sleep_breaks(view, g.identity.uuid, lookback)

@@ -190,8 +190,11 @@ def _replays(view: HostView, th: Thresholds, rule: Rule) -> Iterable[Finding]:
                 rows = rows[i:]
                 break
         if budget is None or len(rows) < 2 or rows[-1][0] <= rows[0][0]:
-            yield Finding(rule.name, labels, "unknown",
-                          reason="max link not reported" if budget is None else f"fewer than two replay-counter reads in {duration(window)}")
+            # a counter never read is not reported, not "too few reads": a capture or driver without it
+            reason = ("max link not reported" if budget is None
+                      else f"replay counter not reported in the last {duration(window)}" if not rows
+                      else f"one replay-counter read in the last {duration(window)}; a rate needs two")
+            yield Finding(rule.name, labels, "unknown", reason=reason)
             continue
         rate = (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0]) * 60
         yield Finding(rule.name, labels, "firing" if rate > budget else "ok", rate,

@@ -12,6 +12,7 @@ from sqlalchemy import BindParameter, Connection, Engine, Executable, bindparam
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.store.engine import (
     ConnectionWatch,
+    check_reachable,
     describe_store,
     make_engine,
     normalise_url,
@@ -66,6 +67,8 @@ class StoreBase:
                 raise ValueError("Store needs a URL or an engine")
             create = create and not read_only
             file = sqlite_file(normalise_url(url))
+            if file is not None:
+                check_reachable(file)  # a path it may not enter: one line, not pathlib's PermissionError
             if not create and file is not None and not file.is_file():
                 what = "is not a file" if file.exists() else "does not exist"
                 raise StoreUnavailableError(f"no store at {file}: it {what} (has an agent written there? see --db)")

@@ -251,6 +251,32 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(db).expanduser()
 
 
+def check_reachable(file: Path) -> None:
+    """Refuse a SQLite store whose path this user cannot look at: a directory on it that it
+    may not search (``/root/x.db`` for a user other than root), or a part of it that is a file,
+    not a directory (``/etc/hosts/x.db``). pathlib's ``exists()`` and ``is_file()`` raise
+    ``PermissionError`` there; a store that is simply absent passes (the caller says so).
+
+    Raises:
+        StoreUnavailableError: the path cannot be reached (exit 69; ``diagnose``: UNKNOWN).
+    """
+    try:
+        os.stat(file)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        parent = next((p for p in file.parents if p.exists() and not p.is_dir()), file.parent)
+        raise StoreUnavailableError(f"store {file} unavailable: {parent} is a file, not a directory; see --db") from None
+    except PermissionError:
+        closed = next((p for p in reversed(file.parents) if not os.access(p, os.X_OK)), file.parent)
+        raise StoreUnavailableError(
+            f"store {file} unavailable: permission denied: this user (uid {os.geteuid()}) may not enter {closed}; "
+            "run the command as the store's owner, or give this user the store's group (docs/security.md)"
+        ) from None
+    except OSError as exc:  # a name too long, a loop of symbolic links: the path is no store
+        raise StoreUnavailableError(f"store {file} unavailable: {exc.strerror or exc}") from None
+
+
 def sqlite_access(engine: Engine) -> str:
     """How a SQLite engine reads its file: ``"read-write"``, ``"read-only"`` (``mode=ro``) or
     ``"immutable"`` (a snapshot: no locks, no write-ahead log). ``"read-write"`` for Postgres."""
@@ -300,6 +326,8 @@ def make_engine(
     connect_args: dict[str, str | int] | None = None  # Postgres: the driver's, with a pre-ping pool
     file = sqlite_file(parsed)
     if parsed.get_backend_name() == "sqlite":
+        if file is not None:
+            check_reachable(file)
         if read_only and file is not None and str(parsed.query.get("immutable", "")) != "1":
             # a URL's own mode=ro too: with no -shm it would create -wal and -shm
             parsed = _sqlite_read_url(file, _sqlite_read_mode(file))

@@ -19,6 +19,13 @@ transformation of them (``vgpumon.testing.scenarios``):
      GPU is lost for the rest of the run;
    * GPU 6: utilization.gpu reads 4294967295 (NVML's blank) in ticks 30–32: refused at the door,
      counted, the rest of its tick kept.
+
+5. for the demo (``uplink_bound``): every card's PCIe TX and RX rates (GPM metrics 20 and 21)
+   scaled to a quarter, what four cards sharing one Gen5 x16 uplink get when each copies at
+   once. Replicated as recorded, the four cards behind a switch would move 3.6 links' worth of
+   traffic through its one link, which no link carries (the capacity review calls it
+   IMPOSSIBLE); bound by the uplink, the switch runs at 89 % of its link at p95 (SATURATED),
+   each card at 22 % of its own, and two more cards would bring it to 134 %.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 
 from vgpumon.model import GpuIdentity
 from vgpumon.sources.nvml.backend import NVML_ERROR_GPU_IS_LOST
-from vgpumon.sources.nvml.shapes import CaptureHeader
+from vgpumon.sources.nvml.shapes import CaptureHeader, NvmlAnswer
 from vgpumon.testing import scenarios, sysfs
 
 GPUS = 8
@@ -37,15 +44,23 @@ APP_XID_GPU, APP_XIDS = 2, ((20, 13), (21, 31))
 ECC_GPU, ECC_FROM = 3, 40
 LOST_GPU, LOST_XID, LOST_AT = 5, 79, 45
 
+#: GPM metric ids of PCIe TX and RX (MB/s; nvml.h NVML_GPM_METRIC_PCIE_TX_PER_SEC, _RX_PER_SEC),
+#: the metric set the captures read, and the share of each card's rate an uplink shared by the
+#: four cards behind it leaves (step 5 of the module docstring)
+_PCIE_METRICS, _GPM_SET, UPLINK_SHARE = ("20", "21"), [[2, 3, 5, 10, 20, 21]], 0.25
+
 # nvml.h: nvmlMemoryErrorType_t CORRECTED 0, UNCORRECTED 1; nvmlEccCounterType_t VOLATILE 0.
 _CORRECTED, _UNCORRECTED, _VOLATILE, _AGGREGATE = 0, 1, 0, 1
 
 
-def build(data_dir: str | Path) -> tuple[CaptureHeader, scenarios.Ticks]:
+def build(data_dir: str | Path, *, uplink_bound: bool = False) -> tuple[CaptureHeader, scenarios.Ticks]:
     """The incident capture as ``(header, ticks)`` (see the module docstring).
 
     Args:
         data_dir: the directory of the recorded captures (``tests/data``).
+        uplink_bound: scale each card's PCIe rates to the share of the uplink the four cards
+            behind each switch of ``sysfs_tree`` leave it (step 5): a plausible shared-switch
+            load, for the demo. Without it the recorded rates stay on every card.
     """
     data = Path(data_dir)
     header, ticks = scenarios.load(str(data / "h200-workload.jsonl.gz"))
@@ -74,7 +89,24 @@ def build(data_dir: str | Path) -> tuple[CaptureHeader, scenarios.Ticks]:
         ):
             header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetTotalEccErrors", {"v": value}, at=[at], args=args)
         header, ticks = scenarios.set_call(header, ticks, ECC_GPU, "nvmlDeviceGetRemappedRows", {"v": [0, uncorrected, 1, 0]}, at=[at])
-    return {**header, "derived": f"{header['derived']} incident(8 GPUs: app XIDs, ECC, XID 79 + lost GPU, a blank utilization)"}, ticks
+    derived = f"{header['derived']} incident(8 GPUs: app XIDs, ECC, XID 79 + lost GPU, a blank utilization)"
+    if uplink_bound:
+        header, ticks = _share_uplink(header, ticks)
+        derived += f" uplink_bound(PCIe × {UPLINK_SHARE})"
+    return {**header, "derived": derived}, ticks
+
+
+def _share_uplink(header: CaptureHeader, ticks: scenarios.Ticks) -> tuple[CaptureHeader, scenarios.Ticks]:
+    """Every card's GPM PCIe TX/RX rates times ``UPLINK_SHARE``, in every tick that read them."""
+    def scaled(v: NvmlAnswer) -> NvmlAnswer:
+        if not isinstance(v, dict):  # a tick whose GPM read answered otherwise keeps its answer
+            return v
+        return {k: (x * UPLINK_SHARE if k in _PCIE_METRICS and isinstance(x, (int, float)) else x) for k, x in v.items()}
+
+    every = [t["tick"] for t in ticks]
+    for gpu in range(GPUS):
+        header, ticks = scenarios.edit_call(header, ticks, gpu, "gpm", scaled, at=every, args=_GPM_SET)
+    return header, ticks
 
 
 def sysfs_tree(data_dir: str | Path, dest: str | Path) -> Path:
@@ -87,15 +119,16 @@ def sysfs_tree(data_dir: str | Path, dest: str | Path) -> Path:
     return sysfs.materialize(sysfs.switch_tree(real, gpus, per_switch=4), dest)
 
 
-def write(data_dir: str | Path, dest: str | Path, *, tick_seconds: float | None = None) -> Path:
+def write(data_dir: str | Path, dest: str | Path, *, tick_seconds: float | None = None, uplink_bound: bool = False) -> Path:
     """Write the incident capture to ``dest`` (``.jsonl.gz``) for ``vgpumon agent --replay``.
 
     Args:
+        uplink_bound: as for ``build`` (the demo's plausible shared-switch load).
         tick_seconds: space the ticks this far apart instead of the recorded 1 s, so that a
             replay at recorded pace runs faster (rates derived from counters over capture time
             scale with it).
     """
-    header, ticks = build(data_dir)
+    header, ticks = build(data_dir, uplink_bound=uplink_bound)
     if tick_seconds is not None:
         header, ticks = scenarios.retime(header, ticks, tick_seconds / float(header.get("interval_s", 1.0)))
     scenarios.write(dest, header, ticks)
