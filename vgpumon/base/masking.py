@@ -65,7 +65,7 @@ def mask_secrets(text: str) -> str:
     if "=" in text or "@" in text:
         text = _URL_USERINFO.sub(lambda m: m["head"] + (MASK if m["secret"] else "") + m["tail"], text)
         text = _KEY_VALUE.sub(lambda m: m["head"] + MASK, text)
-        text = _mask_values(text, _ENV_NAME, _ENV_SECRET_WORD)
+        text = _mask_values(text, _ENV_NAME, _ENV_SECRET_WORD, after=1)  # a bare password= is _KEY_VALUE's
     if "-" in text:
         text = _mask_values(text, _OPTION_NAME, _OPTION_SECRET_WORD)
         text = _TOKEN_SHAPE.sub(MASK, text)
@@ -78,14 +78,15 @@ def mask_secrets(text: str) -> str:
     return text
 
 
-def _mask_values(text: str, names: re.Pattern[str], secret: re.Pattern[str]) -> str:
+def _mask_values(text: str, names: re.Pattern[str], secret: re.Pattern[str], after: int = 0) -> str:
     """``text`` with the value (up to the next space) after each match of ``names`` whose
-    ``name`` group holds a ``secret`` word replaced by ``MASK``; other matches are passed over
-    without taking their value, so that ``FOO=HF_TOKEN=…`` still masks the inner one."""
+    ``name`` group holds a ``secret`` word (from its character ``after`` on) replaced by
+    ``MASK``; other matches are passed over without taking their value, so that
+    ``FOO=HF_TOKEN=…`` still masks the inner one."""
     out: list[str] = []
     pos = 0
     for m in names.finditer(text):
-        if m.start() < pos or not secret.search(m["name"]):
+        if m.start() < pos or not secret.search(m["name"], after):
             continue
         value = _VALUE.match(text, m.end())
         if value is None:
