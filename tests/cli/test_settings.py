@@ -184,3 +184,24 @@ def test_the_generation_probe_deadline_defaults_to_10s_and_0_turns_it_off(clean_
     cfg.write_text('[vllm]\nprobe_timeout = "20m"\n')
     with pytest.raises(ConfigFileError, match=r"c\.toml: \[vllm\] probe_timeout: .*at most"):
         load_settings(cfg)
+
+
+def test_garbage_in_the_environment_is_one_short_line_and_exit_64(clean_env, tmp_path):
+    """Every VGPUMON_* variable set to junk, as a hostile or careless environment would. Before:
+    a URL whose host was 100 000 letters passed the check and failed every vLLM poll (and every
+    alert delivery) with a traceback, one with a control character was polled; an error line
+    repeated a 100 000-character value whole."""
+    huge = "x" * 100_000
+    for name in ("VGPUMON_VLLM_URLS", "VGPUMON_ALERT_WEBHOOKS", "VGPUMON_OTLP_URL", "VGPUMON_LISTEN", "VGPUMON_LOG_LEVEL",
+                 "VGPUMON_AGENT__INTERVAL", "VGPUMON_RAW_RETENTION", "VGPUMON_HOSTNAME"):
+        urls = () if name == "VGPUMON_HOSTNAME" else (f"http://{huge}:8000", f"http://{'a' * 64}.example:8000")
+        for value in (huge, *urls, "a\tb\x01c"):
+            clean_env.setenv(name, value)
+            with pytest.raises(UsageError) as err:
+                load_settings()
+            line = str(err.value)
+            assert line.startswith(f"invalid {name}") and "\n" not in line and len(line) < 400, (name, line[:200])
+        clean_env.delenv(name)
+    out = subprocess.run([*VGPUMON, "config", "show"], capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "VGPUMON_VLLM_URLS": f"http://{huge}:8000"})
+    assert out.returncode == 64 and out.stderr.count("\n") == 1 and "at most 253" in out.stderr, out.stderr[:300]

@@ -81,3 +81,33 @@ def test_masking_finds_the_secrets_people_put_in_command_lines_and_leaves_the_re
     assert mask_secrets("a key sk-proj-ABCDEFGHIJKLMNOPQRSTUV in a log line") == "a key *** in a log line"
     for plain in ("--max-tokens 12 --token-budget 5", "--port 8000 -tp 2", "2026-12-03 INFO ready"):
         assert mask_secrets(plain) == plain
+
+
+def test_a_hostile_command_line_is_masked_in_linear_time_and_stored_bounded():
+    """Any local user chooses the command line of their GPU process (up to 2 MiB, 128 KiB an argument), and the agent
+    masks it as root and stores it with every tick. Before: masking cost the square of a long
+    word's length (``TOKENTOKEN…`` of 200 000 letters took 215 s of the agent's CPU, a long run
+    of letters 10 s per 40 000) and the whole of it was stored each tick. Now masking is linear
+    (this megabyte is masked in well under a second; the deadline only guards against a hang)
+    and what is kept is at most ``COMMAND_LINE_LENGTH`` characters, secrets masked first."""
+    from vgpumon.catalogue.host import COMMAND_LINE_LENGTH
+
+    # in a child process: a regular expression holds the interpreter lock, no thread could time it
+    hostile = """
+from vgpumon.base.masking import mask_command_line
+for argv in (["A" + "TOKEN" * 200_000, "=x"], ["--" + "token-" * 150_000, "x"], ["x" * 1_000_000, "a=b", "-c"]):
+    print(len(mask_command_line(argv)))
+"""
+    done = subprocess.run([sys.executable, "-c", hostile], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["1000004", "900004", "1000007"]  # nothing in them to mask
+
+    key = "sk-live-0123456789abcdefghij"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--api-key", key, "TOKEN" * 20_000, "x" * 100_000])
+    try:
+        info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
+        assert info.resolved and info.cmdline is not None
+        assert len(info.cmdline) == COMMAND_LINE_LENGTH and info.cmdline.endswith("…")
+        assert "--api-key *** TOKENTOKEN" in info.cmdline and key not in info.cmdline
+    finally:
+        proc.kill()
+        proc.wait()

@@ -217,3 +217,43 @@ def test_json_of_the_wrong_shape_costs_only_itself(path, body):
     assert "poll failed" not in last.reason and last.state.value == "busy", last.reason
     assert last.running == 97 and last.telemetry == "full" and last.model_names == ("tiny",)
     assert last.version == (None if path == "/version" else "0.32.0")
+
+
+def test_a_server_with_thousands_of_series_costs_only_its_own_rows(db_url):
+    """Any local user's process that really listens where its argv says is scraped as vLLM. One
+    serving 2 000 ``(model_name, engine)`` series made 2 000 engine rows every poll (and as many
+    ``/metrics`` series); now its first ``ENGINE_SERIES_LIMIT`` are kept, the rest are counted
+    as rejected, and the healthy server beside it is polled as often as before."""
+    from vgpumon.catalogue.vllm import ENGINE_SERIES_LIMIT
+
+    busy = (shared_dir("fixtures", "vllm-real") / "vllm-0.32.0-cpu__busy.txt").read_text()
+    gauges = [ln for ln in busy.splitlines()
+              if ln.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{"))]
+    assert gauges and all('engine="0",model_name="tiny"' in ln for ln in gauges)
+    extra = [ln.replace('engine="0"', f'engine="{i}"') for i in range(1, 2000) for ln in gauges]
+    servers = ServerThread()
+    try:
+        healthy = servers.start(FakeVllmServer(metrics=busy, version="0.32.0", models=["tiny"]))
+        many = servers.start(FakeVllmServer(metrics=busy + "\n".join(extra) + "\n", version="0.32.0", models=["tiny"]))
+        vllm = VllmSource(static_urls=[healthy.url, many.url], processes=NoProcesses(), interval=0.05, request_timeout=5.0)
+        agent = replay_into(db_url, hostname="h", agent_kw={"interval": 0.02, "paced": True, "flush_interval": 0.2, "vllm": vllm})
+    finally:
+        servers.close()
+    assert agent.stats.dead_letters == 0
+    rows = _samples(db_url)
+    assert len(rows[many.url]) == len(rows[healthy.url]) >= 2
+    store = open_store(db_url)
+    try:
+        repo = VllmRepository(store.engine)
+        starts = {i["url"]: i for i in repo.instances("h")}
+        per_sample: dict[str, dict[float, int]] = {}
+        for url, inst in starts.items():
+            for e in repo.engine_samples(inst["id"]):
+                per_sample.setdefault(url, {}).setdefault(e["ts"], 0)
+                per_sample[url][e["ts"]] += 1
+    finally:
+        store.close()
+    assert set(per_sample[many.url].values()) == {ENGINE_SERIES_LIMIT}
+    assert set(per_sample[healthy.url].values()) == {1}
+    assert vllm.rejected["engine"] >= len(rows[many.url]) - 1
+    assert any("2000 engine series; the first 256 kept" in r for r in _reasons(db_url))

@@ -7,6 +7,7 @@ Files the agent creates are private whatever umask it was started under (``PRIVA
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -103,15 +104,103 @@ def make_private_dirs(path: Path) -> None:
             # made meanwhile by another process
 
 
+class UnsafePath(PermissionError):
+    """A path the agent would write through is not the agent's own: a symbolic link, a file or a
+    directory another user owns or may write in, a FIFO or a device where a file belongs.
+    An ``OSError``, so that every caller that copes with an unwritable path copes with it."""
+
+
+def _trusted(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _kind(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file")
+
+
+def check_private_dir(path: Path, *, itself: bool = True) -> None:
+    """Refuse a directory the agent writes into (``itself``), or the directories above a file it
+    writes (``itself=False``), when another user could put something of theirs in the way: every
+    directory on the path, and every symbolic link met, must belong to root or to this user; one
+    that others may write in must be sticky (``/tmp``: others cannot rename what is not theirs),
+    and the directory itself may not be writable by others at all (they could plant batches).
+
+    Run as root, the agent once followed a link another user had left where its spool or
+    dead-letter file was to be (``/tmp/x.dead-letter.jsonl -> /etc/shadow``) and wrote there.
+
+    Raises:
+        UnsafePath: it names which part and why.
+        OSError: a part of it cannot be looked at (missing parents are fine: they are made).
+    """
+    path = Path(os.path.abspath(path))
+    chains = [path]
+    real = Path(os.path.realpath(path))
+    if real != path:
+        chains.append(real)
+    for chain in chains:
+        for i, at in enumerate([chain, *chain.parents]):
+            try:
+                st = os.lstat(at)
+            except FileNotFoundError:
+                continue  # made by make_private_dirs, with this user as its owner
+            if not _trusted(st.st_uid):
+                raise UnsafePath(f"{at} belongs to uid {st.st_uid}, not to this user or root")
+            if stat.S_ISLNK(st.st_mode):
+                continue  # its target is on the resolved chain
+            if not stat.S_ISDIR(st.st_mode):
+                raise UnsafePath(f"{at} is {_kind(st.st_mode)}, not a directory")
+            others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if others_write and i == 0 and itself:
+                raise UnsafePath(f"{at} may be written by other users (mode {stat.S_IMODE(st.st_mode):04o})")
+            if others_write and not st.st_mode & stat.S_ISVTX:
+                raise UnsafePath(f"{at} may be written by other users and is not sticky (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
 def open_private(path: Path | str, mode: str = "w") -> int:
     """A file descriptor of ``path`` opened for writing (``"w"``: truncated, ``"a"``: appended,
     ``"x"``: created, failing if it exists); created ``PRIVATE_FILE_MODE`` when it does not
     exist (the umask can only narrow it). An existing file keeps its mode: an operator's
     choice. Wrap it with ``os.fdopen``.
 
+    What is there already must be a regular file of this user's (or root's) with no other
+    name: a symbolic link is not followed, a FIFO does not block the open, another user's file
+    is not written (they would read what the agent puts in it), and each is refused before a
+    byte is written or truncated.
+
     Raises:
+        UnsafePath: a symbolic link, not a regular file, another user's, or hard-linked.
         OSError: it cannot be opened or created.
     """
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    flags |= {"w": os.O_TRUNC, "a": os.O_APPEND, "x": os.O_EXCL}[mode]
-    return os.open(path, flags, PRIVATE_FILE_MODE)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags |= {"w": 0, "a": os.O_APPEND, "x": os.O_EXCL}[mode]
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    except OSError as exc:
+        # a symbolic link: ELOOP (O_NOFOLLOW), EACCES in a sticky directory; ENXIO: a FIFO nobody
+        # reads (O_NONBLOCK)
+        if exc.errno not in (errno.ELOOP, errno.EACCES, errno.ENXIO):
+            raise
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise exc from None
+        if stat.S_ISREG(st.st_mode):
+            raise
+        raise UnsafePath(f"{path} is {_kind(st.st_mode)}, not a regular file; not written") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{path} is {_kind(st.st_mode)}, not a regular file; not written")
+        if not _trusted(st.st_uid):
+            raise UnsafePath(f"{path} belongs to uid {st.st_uid}, not to this user or root; not written")
+        if st.st_nlink > 1:
+            raise UnsafePath(f"{path} has {st.st_nlink} names (a hard link); not written")
+        os.set_blocking(fd, True)
+        if mode == "w":
+            os.ftruncate(fd, 0)  # only now: a file refused above is left as it was
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

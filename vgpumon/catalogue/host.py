@@ -7,6 +7,12 @@ from vgpumon.catalogue.core import INT64, LOAD, RATIO, Encoding, Field
 _HOST_MEMORY_MAX = float(2**50)  # 1 PiB: above any host, below every sentinel
 
 
+#: A GPU process's command line as stored, shown and served (masked first): at most this many
+#: characters, the rest cut off with an ellipsis. Any local user chooses it (up to 2 MiB on
+#: Linux), and it is stored with every tick of every GPU that process uses; a real
+#: ``vllm serve`` with its options is a few hundred characters.
+COMMAND_LINE_LENGTH = 4096
+
 def _host(name: str, kind: str, unit: str, help: str, source: str, encoding: Encoding, **kw: object) -> Field:
     return Field(name=name, table="host_samples", kind=kind, unit=unit, help=help, source=source, cadence="host",
                  encoding=encoding, **kw)  # type: ignore[arg-type]

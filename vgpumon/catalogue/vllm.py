@@ -34,6 +34,12 @@ TELEMETRY_CODES: dict[str, int] = {"full": 1, "limited": 2, "partial": 3, "down"
 #: text field (``Door.text``), so that SQLite and Postgres hold the same rows. A served model
 #: name (``/v1/models`` ``id``) is held to the ``model_name`` length too.
 ENGINE_KEY_LENGTHS: dict[str, int] = {"model_name": 255, "engine": 32}
+#: The ``(model_name, engine)`` series of one server kept per scrape (and so its rows per poll
+#: and its ``/metrics`` series), and the ``engine`` and ``model_name`` label values: a real
+#: server has one per data-parallel engine and served model, a few dozen at most. Any local
+#: user's process that listens where its argv says is scraped, and one serving 20 000 series
+#: made 20 000 engine rows every poll (docs/security.md, "Attacker trial").
+ENGINE_SERIES_LIMIT = 256
 
 _REQUESTS_MAX = 1e6  # queued or running requests of one server: far above any batch
 _RATE_MAX = 1e9  # tokens or requests per second of one server

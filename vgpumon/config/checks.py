@@ -43,9 +43,26 @@ def normalise_vllm_url(text: str) -> str:
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
     except ValueError:
         raise ValueError(f"{raw!r} is not a URL (e.g. http://127.0.0.1:8000)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in raw) or not raw:
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() or not c.isprintable() for c in raw) or not raw:
         raise ValueError(f"{raw!r} is not an http(s) URL of a host (e.g. http://127.0.0.1:8000)")
+    _check_url_host(parts.hostname)
     return url.rstrip("/")
+
+
+def _check_url_host(host: str) -> None:
+    """A URL's host as a resolver takes it: at most 253 characters, labels of 1 to 63 (IDNA).
+    A longer one was accepted and failed every poll or delivery with a traceback (``label too
+    long`` from the ``idna`` codec).
+
+    Raises:
+        ValueError: the host cannot be a host name.
+    """
+    if len(host) > 253:
+        raise ValueError(f"a URL's host of {len(host)} characters; at most 253")
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise ValueError(f"{host[:80]!r} is not a host name ({exc})") from None
 
 
 def check_otlp_url(text: str | None) -> str | None:
@@ -70,6 +87,7 @@ def check_alert_url(text: str, example: str = "http://alertmanager:9093") -> str
         raise ValueError(f"{raw!r} is not a URL (e.g. {example})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() or not c.isprintable() for c in raw):
         raise ValueError(f"{raw!r} is not an http(s) URL of a host (e.g. {example})")
+    _check_url_host(parts.hostname)
     return raw
 
 

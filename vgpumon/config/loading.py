@@ -34,6 +34,9 @@ CONFIG_ENV = "VGPUMON_CONFIG"
 Flags = dict[tuple[str, ...], tuple[str, Any]]
 
 
+#: The error line about a setting quotes its value up to this many characters in all.
+_MESSAGE_LENGTH = 300
+
 def _has(data: Any, path: tuple[Any, ...]) -> bool:
     return _get(data, path) is not None  # TOML has no null: a key present has a value
 
@@ -138,7 +141,10 @@ def load_settings(config_file: Path | None = None, flags: Flags | None = None, *
         elif err["type"] not in ("value_error",) and "input" in err and not isinstance(err["input"], (dict, list)):
             msg += f" (got {mask_secrets(repr(err['input']))})"
         sep = " " if origin.endswith("]") else ": "  # "[rules.thresholds] key: …", "[agent] interval: …"
-        raise (ConfigFileError if in_file else UsageError)(f"invalid {origin}{sep}{mask_secrets(msg)}") from None
+        msg = mask_secrets(msg)
+        if len(msg) > _MESSAGE_LENGTH:  # a value of 100 000 characters was repeated whole
+            msg = msg[: _MESSAGE_LENGTH - 1] + "…"
+        raise (ConfigFileError if in_file else UsageError)(f"invalid {origin}{sep}{msg}") from None
     except _PydanticSettingsError as exc:  # VGPUMON_<SECTION> set to something that is not JSON
         m = re.search(r'field "(\w+)"', str(exc))
         name = ENV_PREFIX + m.group(1).upper() if m else "environment"

@@ -40,6 +40,14 @@ def container_id_from_cgroup(text: str) -> str | None:
     return None
 
 
+def _bounded(cmdline: str) -> str:
+    """A masked command line held to ``COMMAND_LINE_LENGTH`` characters (cut after masking: a
+    secret cut in half would not be recognised), NUL-free as every store can hold it."""
+    limit = catalogue.host.COMMAND_LINE_LENGTH
+    cmdline = cmdline.replace("\0", " ")
+    return cmdline if len(cmdline) <= limit else cmdline[: limit - 1] + "…"
+
+
 class HostSource:
     """Samples the host with psutil.
 
@@ -175,7 +183,7 @@ class HostSource:
             resolved=True,
             start_time=start,
             name=attempt(proc.name),
-            cmdline=mask_command_line(cmdline) if cmdline else None,  # its secrets never stored
+            cmdline=_bounded(mask_command_line(cmdline)) if cmdline else None,  # its secrets never stored
             username=attempt(proc.username),
             container_id=container_id_from_cgroup(cgroup),
         )

@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
-from vgpumon.base.files import make_private_dirs, open_private
+from vgpumon.base.files import UnsafePath, check_private_dir, make_private_dirs, open_private
 from vgpumon.base.masking import mask_secrets
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -340,7 +341,7 @@ def make_engine(
                 make_private_dirs(file.parent)
             except OSError as exc:
                 raise StoreUnavailableError(f"cannot create the store's directory {file.parent}: {exc.strerror or exc}") from None
-        if file is not None and not read_only and not file.exists():
+        if file is not None and not read_only:
             _create_private(file)
     else:
         connect_args = {}
@@ -370,10 +371,32 @@ def make_engine(
 
 
 def _create_private(file: Path) -> None:
-    """Create a new SQLite store as an empty file of ``PRIVATE_FILE_MODE`` (an empty file is an
-    empty database) before SQLite opens it: SQLite would create it 0644 less the umask, 0644
-    under ``umask 000``, and gives its ``-wal``, ``-shm`` and ``-journal`` files the mode of the
-    database file. Where it cannot be created, SQLite's own attempt says why."""
+    """Check where a SQLite store is written, then create it, when new, as an empty file of
+    ``PRIVATE_FILE_MODE`` (an empty file is an empty database) before SQLite opens it: SQLite
+    would create it 0644 less the umask, 0644 under ``umask 000``, and gives its ``-wal``,
+    ``-shm`` and ``-journal`` files the mode of the database file. Where it cannot be created,
+    SQLite's own attempt says why.
+
+    The store, its journals and its migration lock must not be another user's symbolic links or
+    files, nor lie in a directory another user may write in that is not sticky: SQLite and the
+    lock follow links (``/tmp/x.db -> /etc/cron.d/job`` made root create a database there).
+
+    Raises:
+        StoreUnavailableError: one of them is not this user's (or root's) own.
+    """
+    try:
+        check_private_dir(file.parent, itself=False)
+        for path in (file, *(Path(f"{file}{s}") for s in ("-wal", "-shm", "-journal", ".migrate.lock"))):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode) and path != file or st.st_uid not in (0, os.geteuid()):
+                raise UnsafePath(f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'a file'} of uid {st.st_uid}")
+    except OSError as exc:
+        raise StoreUnavailableError(f"store {file} refused: {exc}; see docs/security.md, \"Files\"") from None
+    if file.exists():
+        return
     try:
         os.close(open_private(file, "x"))
     except OSError:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, cast
 
-from vgpumon.base.files import make_private_dirs, open_private
+from vgpumon.base.files import check_private_dir, make_private_dirs, open_private
 from vgpumon.store.codec import GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, reorder
 from vgpumon.store.rollup import rollup_rows, split_whole_minutes
 from vgpumon.store.vllm_repository import fold_rows as fold_vllm_rows
@@ -165,6 +165,7 @@ class Backlog:
         try:
             if not self.spool_dir.exists():
                 return  # created on first use: an agent whose store never fails leaves no directory
+            check_private_dir(self.spool_dir)  # batches another user could plant or redirect: none read
             names = sorted(p for p in self.spool_dir.iterdir() if p.suffix == ".json")
             for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash: never a batch
                 stale.unlink(missing_ok=True)
@@ -214,6 +215,7 @@ class Backlog:
             return False
         try:
             make_private_dirs(self.spool_dir)
+            check_private_dir(self.spool_dir)
             entry = self._write_file(kind, rows, f"{self._seq:016d}.{kind}.json")
         except OSError as exc:
             log.error("spool %s cannot be written (%s): holding ticks in memory (bounded)", self.spool_dir, exc)
@@ -298,6 +300,7 @@ class Backlog:
         if path is not None:
             try:
                 make_private_dirs(path.parent)
+                check_private_dir(path.parent, itself=False)
                 with os.fdopen(open_private(path, "a"), "a") as f:
                     f.write(line + "\n")
                     f.flush()

@@ -20,7 +20,7 @@ import aiohttp
 
 from vgpumon import catalogue
 from vgpumon.catalogue import Door, Rejected
-from vgpumon.catalogue.vllm import ENGINE_KEY_LENGTHS
+from vgpumon.catalogue.vllm import ENGINE_KEY_LENGTHS, ENGINE_SERIES_LIMIT
 from vgpumon.model import EngineSample, InstanceIdentity, ServerSample, ServerState
 from vgpumon.sources.vllm import kv
 from vgpumon.sources.vllm.activity import GpuActivityLog
@@ -394,12 +394,21 @@ class ServerScraper:
             for name, reason in self.door.check_row(row, row).items():
                 rejected.setdefault(name, f"{reason} (model {model}, engine {engine})")
             out.append(EngineSample(model_name=model, engine=engine, **row))
+            if len(out) == ENGINE_SERIES_LIMIT:
+                if len(reading.series) > ENGINE_SERIES_LIMIT:
+                    self.door.rejected["engine"] += 1
+                    rejected.setdefault("engine", f"rejected: {len(reading.series)} engine series; the first {ENGINE_SERIES_LIMIT} kept")
+                break
         return tuple(out)
 
     def _text(self, name: str, raw: object, length: int | None, refused: dict[str, str]) -> str | None:
         return door_text(self.door, name, raw, length, refused)
 
     def _texts(self, name: str, raws: Sequence[object], length: int, refused: dict[str, str]) -> tuple[str, ...]:
+        if len(raws) > ENGINE_SERIES_LIMIT:
+            self.door.rejected[name] += 1
+            refused.setdefault(name, f"rejected: {len(raws)} {name} labels; the first {ENGINE_SERIES_LIMIT} kept")
+            raws = raws[:ENGINE_SERIES_LIMIT]
         return door_texts(self.door, name, raws, length, refused)
 
     async def _maybe_probe(self, srv: TrackedServer, watch: HangWatch, now: float, reading: MetricsReading | None) -> None:
