@@ -45,8 +45,8 @@ from sqlalchemy import Column, Engine
 
 from vgpumon.store import Store, StoredGpu
 from vgpumon.store.codec import GPU_ID, GPU_ROW_COLUMNS, ROLLUP_ROW_COLUMNS, TS, UP, GpuRow, RollupRow
-from vgpumon.store.rollup import MINUTE_MS, minute_of, percentile, rollup_rows
-from vgpumon.store.schema import ColumnValue, GpuSampleRow, gpu_samples_1m
+from vgpumon.store.rollup import MINUTE_MS, aggregate, minute_of, percentile
+from vgpumon.store.schema import ROLLUP_SPEC, ColumnValue, GpuSampleRow, gpu_samples_1m, rollup_column_name
 from vgpumon.store.tables import Aggregates, NewestValue, SeriesRow, _rollup_of_last
 
 if TYPE_CHECKING:
@@ -59,7 +59,13 @@ log = logging.getLogger(__name__)
 _NULL = -(2**63)
 _POS = {c: i for i, c in enumerate(GPU_ROW_COLUMNS)}
 _RPOS = {c: i for i, c in enumerate(ROLLUP_ROW_COLUMNS)}
+#: rollup column → (position of its raw column in a row, aggregate)
+_RSOURCE = {rollup_column_name(c, a): (_POS[c], a) for c, aggs in ROLLUP_SPEC.items() for a in aggs}
 _Decode = Callable[[ColumnValue], ColumnValue]
+
+
+#: Columns whose stored integers are what a read returns (plain integer types: no decoding).
+_PLAIN = frozenset(c.name for c in GpuSampleRow.__table__.columns if type(c.type).__name__ in ("Integer", "BigInteger", "SmallInteger"))
 
 
 def _ms(seconds: float) -> int:
@@ -98,6 +104,7 @@ class _Gpu:
         self.rolled_ts: array[int] = array("q")  # their minutes (ms), for bisecting
         self.minute_last: dict[str, tuple[int, ColumnValue]] = {}  # column → (minute ms, decoded aggregate)
         self.last: GpuRow | None = None  # the newest row fed
+        self.newest: dict[str, tuple[int, int]] = {}  # column → (ms, stored value) of its newest non-NULL value
         self.restored: SeriesRow | None = None  # the newest row the store had at the restore (decoded)
 
     def column(self, name: str) -> tuple[array[int], int]:
@@ -138,6 +145,7 @@ class RuleWindows:
         self._last_ready = False
         self._newest: int | None = None  # newest tick fed or restored (ms)
         self._fed = 0
+        self._last_pos: tuple[tuple[str, int], ...] = ()  # the columns whose newest value is asked
         self._decode = {c.name: _processor(c, store) for c in GpuSampleRow.__table__.columns}
         self._rdecode = {c.name: _processor(c, store) for c in gpu_samples_1m.columns}
 
@@ -173,6 +181,10 @@ class RuleWindows:
             return
         g.full.append(row)
         g.last = row
+        for name, pos in self._last_pos:
+            v = row[pos]
+            if v is not None:
+                g.newest[name] = (ts, v)
         g.ts.append(ts)
         up = row[UP]
         g.up.append(2 if up is None else int(bool(up)))
@@ -212,8 +224,17 @@ class RuleWindows:
         g.minute.append(row)
 
     def _close_minute(self, g: _Gpu) -> None:
-        for r in rollup_rows(g.minute):
-            self._take_rollup(g, r)
+        """The minute's rollup row, as ``rollup_rows`` makes it, of the rollup columns the rules
+        read (the others stay ``None``: nothing reads them here)."""
+        rows = g.minute
+        rows.sort(key=lambda r: r[TS])
+        out: list[ColumnValue] = [None] * len(ROLLUP_ROW_COLUMNS)
+        out[0], out[1], out[2] = rows[0][GPU_ID], minute_of(rows[0][TS]), len(rows)
+        out[3], out[4] = sum(1 for r in rows if r[UP]), 0
+        for name in self._rollup_cols:
+            pos, agg = _RSOURCE[name]
+            out[_RPOS[name]] = aggregate([r[pos] for r in rows], agg)
+        self._take_rollup(g, tuple(out))
         g.minute = []
 
     def _take_rollup(self, g: _Gpu, r: RollupRow) -> None:
@@ -302,11 +323,14 @@ class RuleWindows:
         values = store.stored_rows(ids, end_s - col_seconds, end_s, cols) if cols else []
         full = store.stored_rows(ids, end_s - max(self.FULL_SECONDS, 120.0), end_s, GPU_ROW_COLUMNS[2:])
         rollup_cols = tuple(sorted(need.rollup_columns | {c for n in need.last if (c := _rollup_of_last(n)) is not None}))
+        # the store's rollups up to its watermark (never past the minute of ``end``: what memory
+        # holds is the store as of ``end``); the raw rows after it are rolled up here, as the
+        # store's next steps will
         wm = store.rollup_watermark(ids)
-        rolled = store.rollup_columns(ids, end_s - need.rollup - 120.0, (wm or 0.0) - 0.001, rollup_cols) if wm else {}
-        # the raw rows since the watermark are rolled up here, as the store's next steps will
-        pending = store.stored_rows(ids, wm if wm else end_s - need.rollup - 120.0, end_s, GPU_ROW_COLUMNS[2:])
-        newest = store.latest(ids, GPU_ROW_COLUMNS[2:])
+        upto = min(wm, minute_of(end) / 1000.0) if wm else None
+        rolled = store.rollup_columns(ids, end_s - need.rollup - 120.0, upto - 0.001, rollup_cols) if upto else {}
+        pending = store.stored_rows(ids, upto if upto else end_s - need.rollup - 120.0, end_s, GPU_ROW_COLUMNS[2:])
+        newest = store.latest(ids, GPU_ROW_COLUMNS[2:], until=end_s)
         last = store.last_values_many(ids, end_s, sorted(need.last)) if need.last else {}
         with self._lock:
             self._rebuild(ids, end, cols, ticks, values, full, rollup_cols, rolled, pending, last)
@@ -343,8 +367,13 @@ class RuleWindows:
             # the values read are the newest rows of the ticks read: the same rows, tail-aligned
             for k, name in enumerate(cols):
                 g.cols[name] = array("q", (_NULL if r[2 + k] is None else int(r[2 + k]) for r in rows))
+        self._last_pos = tuple((n, _POS[n]) for n in sorted(self.needs.last))
         for r in full:
-            self._gpus[r[0]].full.append((r[0], *r[1:]))
+            g = self._gpus[r[0]]
+            g.full.append((r[0], *r[1:]))
+            for name, pos in self._last_pos:
+                if (v := r[pos]) is not None:
+                    g.newest[name] = (r[TS], v)
         for gid, g in self._gpus.items():
             got = rolled.get(gid)
             if got:
@@ -437,7 +466,37 @@ class RuleWindows:
         if name == "up":
             return [None if u == 2 else u for u in g.up[lo:hi]]
         arr, first = g.column(name)
-        return [None if v == _NULL else v for v in arr[max(lo - first, 0):max(hi - first, 0)]]
+        pad: list[int | None] = [None] * max(0, min(first, hi) - lo)  # before the column's window (never, once covered)
+        values = arr[max(lo - first, 0):max(hi - first, 0)]
+        return pad + ([None if v == _NULL else v for v in values] if _NULL in values else list(values))
+
+    def _slice(self, g: _Gpu, name: str, lo: int, hi: int) -> Sequence[int]:
+        """A column's stored values over ``ts[lo:hi]``, ``_NULL`` where NULL (C-speed slices)."""
+        if name == "ts":
+            return g.ts[lo:hi]
+        if name == "up":
+            return [_NULL if u == 2 else u for u in g.up[lo:hi]]
+        arr, first = g.column(name)
+        return arr[max(lo - first, 0):max(hi - first, 0)]
+
+    def _present(self, g: _Gpu, name: str, lo: int, hi: int) -> Sequence[int]:
+        """The non-NULL stored values of a column over ``ts[lo:hi]`` (an array slice: C speed)."""
+        if name == "ts":
+            return g.ts[lo:hi]
+        if name == "up":
+            return [u for u in g.up[lo:hi] if u != 2]
+        arr, first = g.column(name)
+        values = arr[max(lo - first, 0):max(hi - first, 0)]
+        return [v for v in values if v != _NULL] if _NULL in values else values
+
+    def _count(self, g: _Gpu, name: str, lo: int, hi: int) -> int:
+        if name == "ts":
+            return hi - lo
+        if name == "up":
+            return hi - lo - g.up.count(2, lo, hi)
+        arr, first = g.column(name)
+        values = arr[max(lo - first, 0):max(hi - first, 0)]
+        return len(values) - values.count(_NULL)
 
     def window_aggregates_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str],
                                aggregates: Sequence[str] = ("mean", "max")) -> dict[int, Aggregates]:
@@ -461,19 +520,24 @@ class RuleWindows:
         ups = g.up[lo:hi]
         out: Aggregates = {"samples": hi - lo, "up_samples": ups.count(1)}
         for name in columns:
-            values = [v for v in self._values(g, name, lo, hi) if v is not None]
+            if tuple(aggregates) == ("count",):  # how many values: no list of them
+                out[f"{name}_count"] = self._count(g, name, lo, hi)
+                continue
+            values = self._slice(g, name, lo, hi)
+            nulls = values.count(_NULL)
+            n = len(values) - nulls
             decode = self._decode[name]
             for agg in aggregates:
                 if agg == "count":
-                    out[f"{name}_count"] = len(values)
-                elif not values:
+                    out[f"{name}_count"] = n
+                elif not n:
                     out[f"{name}_{agg}"] = None
-                elif agg == "min":
-                    out[f"{name}_min"] = decode(min(values))
+                elif agg == "min":  # NULL is the least integer: left out of the minimum only
+                    out[f"{name}_min"] = decode(min(v for v in values if v != _NULL) if nulls else min(values))
                 elif agg == "max":
                     out[f"{name}_max"] = decode(max(values))
                 else:  # SQLite's avg of integers: their exact sum over the count, as doubles
-                    out[f"{name}_mean"] = decode(float(sum(values)) / float(len(values)))
+                    out[f"{name}_mean"] = decode(float(sum(values) - nulls * _NULL) / float(n))
         return out
 
     def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, SeriesRow]:
@@ -518,16 +582,24 @@ class RuleWindows:
                 g = self._gpus.get(gid)
                 if g is None:
                     continue
-                rows = [r for r in g.full if lo_ms <= r[TS] <= end_ms]
                 want = dict.fromkeys(columns)
-                for r in reversed(rows):
-                    for c in list(want):
-                        v = r[_POS[c]]
-                        if v is not None:
-                            out[gid][c] = (r[TS] / 1000.0, self._decode[c](v))
+                if g.last is not None and g.last[TS] <= end_ms:
+                    # the usual case, at the newest tick: each column's newest value, kept as fed
+                    for c in columns:
+                        found = g.newest.get(c)
+                        if found is not None and found[0] >= lo_ms:
+                            out[gid][c] = (found[0] / 1000.0, self._decode[c](found[1]))
                             del want[c]
-                    if not want:
-                        break
+                else:  # a catch-up time: the whole rows before it
+                    rows = [r for r in g.full if lo_ms <= r[TS] <= end_ms]
+                    for r in reversed(rows):
+                        for c in list(want):
+                            v = r[_POS[c]]
+                            if v is not None:
+                                out[gid][c] = (r[TS] / 1000.0, self._decode[c](v))
+                                del want[c]
+                        if not want:
+                            break
                 for c in want:
                     if _rollup_of_last(c) is None:
                         continue
@@ -581,7 +653,7 @@ class RuleWindows:
                     values: list[int] = []
                     if g is not None:
                         lo, hi = self._span(g, start, end)
-                        values = sorted(v for v in self._values(g, name, lo, hi) if v is not None)
+                        values = sorted(self._present(g, name, lo, hi))
                     decode = self._decode[name]
                     out[name] = {q: (decode(percentile(values, q)) if values else None) for q in quantiles}
             else:
@@ -597,24 +669,27 @@ class RuleWindows:
             if covered:
                 g = self._gpus.get(gpu_id)
                 if g is not None:
-                    rows = self._rows(g, start, end, columns)
-                    if present:
-                        rows = [r for r in rows if all(r[c] is not None for c in columns)]
+                    rows = self._rows(g, start, end, columns, present)
             else:
                 self._miss()
         if not covered:
             return self.store.series(gpu_id, start, end, columns, present)
         return rows
 
-    def _rows(self, g: _Gpu, start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
+    def _rows(self, g: _Gpu, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[SeriesRow]:
         lo, hi = self._span(g, start, end)
-        ts = [t / 1000.0 for t in g.ts[lo:hi]]
+        raw = [self._values(g, name, lo, hi) for name in columns]
+        times: Sequence[int] = g.ts[lo:hi]
+        if present:  # only the ticks where every column has a value, before anything is decoded
+            keep = [k for k, vals in enumerate(zip(*raw)) if None not in vals]
+            times = [times[k] for k in keep]
+            raw = [[vals[k] for k in keep] for vals in raw]
         cols = []
-        for name in columns:
+        for name, vals in zip(columns, raw):
             decode = self._decode[name]
-            cols.append([None if v is None else decode(v) for v in self._values(g, name, lo, hi)])
+            cols.append(vals if name in _PLAIN else [None if v is None else decode(v) for v in vals])
         names = ("ts", *columns)
-        return [dict(zip(names, r)) for r in zip(ts, *cols)]
+        return [dict(zip(names, r)) for r in zip([t / 1000.0 for t in times], *cols)]
 
     def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
         with self._lock:
