@@ -6,8 +6,8 @@ side by side in one run over the same store.
 Walks the last ``--minutes`` of the store's newest data in steps of the runner's interval (15 s
 of data time), each step one ``RuleRunner`` cycle (each rule at its own cadence, as in the
 agent), and reports the CPU time (``time.process_time``) per cycle. In memory mode the stored
-rows are fed to the windows tick by tick as the agent's sampling thread feeds them (their CPU is
-reported apart: it is spent on the sampling thread, per tick) and the windows restore from the
+rows are fed to the windows tick by tick, as the agent's store thread feeds each batch it wrote
+(their CPU is reported apart: it is spent on the store thread, not the rules') and the windows restore from the
 store at the first cycles of the ``--warm`` minutes, as a restarted agent's do; the store's
 "newest tick" is the walk's time, so nothing after it is read. The findings of the two modes are
 compared at every cycle. The store is made by replaying a derived capture

@@ -5,16 +5,16 @@ reads nothing of the GPU tables from the store."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import json
 
 from conftest import DATA
 from rules_support import PCIE_GPM, copy_phase, replay
 
 from vgpumon.alerts.windows import RuleWindows
 from vgpumon.config.thresholds import Thresholds
+from vgpumon.model import GpuIdentity
 from vgpumon.rules.catalogue import RULES
 from vgpumon.rules.core import Finding
 from vgpumon.rules.engine import Engine
@@ -22,7 +22,6 @@ from vgpumon.rules.view import HostView
 from vgpumon.store import Store, open_store
 from vgpumon.store.codec import GPU_ROW_COLUMNS
 from vgpumon.store.retention import Retention
-from vgpumon.model import GpuIdentity
 from vgpumon.testing import scenarios, sysfs
 
 STEP_S = 15.0

@@ -308,10 +308,7 @@ class Agent(StoreWriter, TickEncoder, Supervision, PacedSampler):
             self.vllm.observe(snap)
         self.stats.ticks += 1
         if self.store is not None:
-            rows = self._tick_rows(snap)
-            self._pending.append(rows)
-            if self.rules is not None:  # the rules' windows in memory take the rows the store gets
-                self.rules.observe(rows)
+            self._pending.append(self._tick_rows(snap))
         return snap
 
     async def _run_on_loop(self, stop: asyncio.Event) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
 from vgpumon.alerts.windows import RuleWindows
@@ -34,7 +34,6 @@ from vgpumon.store.alerts import AlertRepository
 
 if TYPE_CHECKING:
     from vgpumon.store.codec import GpuRow
-    from vgpumon.store.tables import TickRows
 
 if TYPE_CHECKING:
     from vgpumon.alerts.feed import AlertSample, UnknownSample
@@ -54,8 +53,8 @@ class RuleRunner:
             only reads the store for nothing).
         wall: "now" for the silence rule; ``None`` uses each evaluation's own time (replays).
         max_catch_up: most evaluation times one cycle walks through.
-        in_memory: the rules read the agent's own GPUs' windows from memory, fed with each tick
-            (``observe``; ``vgpumon.alerts.windows``), not from the store; false: every read from
+        in_memory: the rules read the agent's own GPUs' windows from memory, fed with each batch
+            the agent stores (``stored``; ``vgpumon.alerts.windows``), not from the store; false: every read from
             the store (``bench/rules_cycle.py``'s "before", and stores written by someone else).
     """
 
@@ -115,14 +114,18 @@ class RuleRunner:
             log.warning("open alerts not restored: %s", exc)
         await self.dispatcher.start()
 
-    def observe(self, rows: TickRows) -> None:
-        """A tick's rows, as queued for the store (on the sampling thread): its GPU rows go into
-        the windows in memory."""
+    def stored(self, rows: Sequence[GpuRow], whole: bool = True) -> None:
+        """A batch of ticks is stored (on the store thread, after the write): its GPU rows go
+        into the windows in memory, so they hold what the store holds, no tick ahead of the
+        events, XIDs and vLLM polls a view reads from the store. ``whole`` false: rows came back
+        from the spool besides (an outage ended): the windows restore from the store instead."""
         windows = self.windows
-        if windows is not None:
-            gpu_rows = rows.get("gpu_samples")
-            if gpu_rows:
-                windows.feed(cast("list[GpuRow]", gpu_rows))
+        if windows is None:
+            return
+        if whole:
+            windows.feed(rows)
+        else:
+            windows.forget()
 
     def poke(self, data_ts: float) -> None:
         """A tick at ``data_ts`` was taken: start a cycle if one is due and none is running."""

@@ -4,8 +4,9 @@ Every 15 s the agent's rules read back, from the store, the raw rows and rollups
 own GPUs that the agent itself wrote a few seconds before: on a shared Postgres each agent reads
 its own data back, and on any store that is most of the rules step's CPU. ``RuleWindows`` keeps
 what the rules read of the ``gpu_samples`` family in bounded windows fed from the ticks as they
-pass (the encoded rows the store gets, so a value decodes to the float the store would return)
-and answers the reads of ``HostView`` that concern them with the store's own semantics:
+are stored (the encoded rows the store got, fed by the agent's writer after each batch, so a value
+decodes to the float the store returns, and memory is never a tick ahead of the small tables a
+view still reads from the store) and answers the reads of ``HostView`` that concern them with the store's own semantics:
 
 * **full rows** of the last ``FULL_SECONDS`` (every column): the newest row of each GPU, the
   raw half of ``last_values_many`` and the minute being rolled up;
@@ -27,7 +28,7 @@ A restarted agent therefore restores its windows from the store at its first cyc
 ``diagnose`` and ``capacity``, which are not the agent, keep reading the store. docs/rules.md,
 "Where the agent's rules read from", says why.
 
-Thread-safety: ticks are fed by the sampling thread and read by the rules thread, under one lock.
+Thread-safety: ticks are fed by the store's thread and read by the rules thread, under one lock.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class RuleWindows:
         self.LAST_RAW_SECONDS = store.LAST_RAW_SECONDS
         self.LAST_ROLLUP_SECONDS = store.LAST_ROLLUP_SECONDS
         self.needs = Needs()
-        self.grown = False  # a read was not covered: restore at the next ``prepare``
+        self.grown = False  # a read asked for more than memory holds: restore at the next ``prepare``
         self.misses = 0  # reads the store answered because memory did not cover them
         self.restores = 0
         self._lock = threading.Lock()
@@ -155,8 +156,8 @@ class RuleWindows:
     TRIM_EVERY = 32
 
     def feed(self, rows: Sequence[GpuRow]) -> None:
-        """Take a tick's ``gpu_samples`` rows in (encoded, ``codec.GPU_ROW_COLUMNS`` order): on
-        the sampling thread, a few appends per GPU."""
+        """Take stored ``gpu_samples`` rows in (encoded, ``codec.GPU_ROW_COLUMNS`` order, time
+        order): a few appends per row."""
         with self._lock:
             for row in rows:
                 self._append(row)
@@ -390,9 +391,9 @@ class RuleWindows:
             for n, found in last.get(gid, {}).items():
                 if found is not None and _ms(found[0]) < end - _ms(self.LAST_RAW_SECONDS):
                     g.minute_last[n] = (_ms(found[0]), found[1])  # an answer of the rollups: its minute
-            for n, v in minute_last.get(gid, {}).items():
-                if n not in g.minute_last or g.minute_last[n][0] < v[0]:
-                    g.minute_last[n] = v
+            for n, held in minute_last.get(gid, {}).items():
+                if n not in g.minute_last or g.minute_last[n][0] < held[0]:
+                    g.minute_last[n] = held
         for r in pending:
             g = self._gpus[r[0]]
             row = (r[0], *r[1:])
@@ -410,8 +411,8 @@ class RuleWindows:
         self._last_ready = True
         self._newest = end
         for gid, g in self._gpus.items():
-            held = fed_last.get(gid)
-            g.last = g.full[-1] if g.full else (held if held is not None and held[TS] <= end else None)
+            newest_fed = fed_last.get(gid)
+            g.last = g.full[-1] if g.full else (newest_fed if newest_fed is not None and newest_fed[TS] <= end else None)
         for rows in fed.values():  # ticks taken in since the store's newest: not stored yet
             for row in rows:
                 self._append(row)
@@ -420,7 +421,8 @@ class RuleWindows:
     # -- what is covered -------------------------------------------------------------------------
 
     def _cover_ticks(self, start: float, seconds: float) -> bool:
-        self.needs.ticks = max(self.needs.ticks, seconds)
+        if seconds > self.needs.ticks:
+            self.needs.ticks, self.grown = seconds, True
         return self._ticks_from is not None and _ms(start) >= self._ticks_from
 
     def _cover_columns(self, start: float, seconds: float, columns: Sequence[str]) -> bool:
@@ -428,14 +430,17 @@ class RuleWindows:
         for c in columns:
             if c in ("ts", "up"):
                 continue
-            self.needs.columns[c] = max(self.needs.columns.get(c, 0.0), seconds)
+            if seconds > self.needs.columns.get(c, 0.0):
+                self.needs.columns[c], self.grown = seconds, True
             have = self._cols_from.get(c)
             ok = ok and have is not None and _ms(start) >= have
         return ok
 
-    def _miss(self, grow: bool = True) -> None:
+    def _miss(self) -> None:
+        """A read the store answers: memory does not cover it. A read that asked for more than
+        the windows held (a new column, a longer window) has grown them (``grown``: restored
+        at the next cycle); one at a catch-up time older than the windows' slack has not."""
         self.misses += 1
-        self.grown |= grow
 
     # -- the reads of HostView --------------------------------------------------------------------
 
@@ -448,8 +453,14 @@ class RuleWindows:
     def gpus_of(self, hostname: str) -> list[StoredGpu]:
         return self.gpus if hostname == self.hostname else self.store.gpus_of(hostname)
 
+    def forget(self) -> None:
+        """Rows were stored that memory was not fed (a spool replayed after an outage): restore
+        from the store at the next cycle."""
+        with self._lock:
+            self.grown = True
+
     def newest_ts(self, gpu_ids: Sequence[int]) -> float | None:
-        """The newest tick fed (or restored) of these GPUs."""
+        """The newest tick fed (or restored) of these GPUs: the agent feeds what it stored."""
         with self._lock:
             times = [g.ts[-1] for gid in gpu_ids if (g := self._gpus.get(gid)) is not None and g.ts]
             times += [g.full[-1][TS] for gid in gpu_ids if (g := self._gpus.get(gid)) is not None and g.full]
@@ -556,16 +567,27 @@ class RuleWindows:
                     row = g.last
                 if row is not None:
                     out[gid] = {"ts": row[TS] / 1000.0, **{c: self._decode_raw(c, row[_POS[c]]) for c in columns}}
-                elif g.restored is not None and (until is None or _ms(cast(float, g.restored["ts"])) <= _ms(until)):
+                elif g.restored is not None and self._restored_is_newest(g, until):
                     out[gid] = {"ts": g.restored["ts"], **{c: g.restored[c] for c in columns}}
                 elif g.full or g.last is not None:
                     covered = False  # a time before every row held: the store looks
                     break
             if not covered:
-                self._miss(grow=False)
+                self._miss()
         if not covered:
             return self.store.latest(gpu_ids, columns, until)
         return out
+
+    @staticmethod
+    def _restored_is_newest(g: _Gpu, until: float | None) -> bool:
+        """The row restored as the GPU's newest is its newest at or before ``until``: no tick
+        held comes after it by then."""
+        assert g.restored is not None
+        ts = _ms(cast(float, g.restored["ts"]))
+        if until is not None and ts > _ms(until):
+            return False
+        k = bisect.bisect_right(g.ts, _ms(until)) if until is not None else len(g.ts)
+        return k == 0 or g.ts[k - 1] <= ts
 
     def _decode_raw(self, name: str, v: ColumnValue) -> ColumnValue:
         return None if v is None else self._decode[name](v)
@@ -573,7 +595,9 @@ class RuleWindows:
     def last_values_many(self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]) -> dict[int, dict[str, NewestValue | None]]:
         with self._lock:
             new = [c for c in columns if c not in self.needs.last]
-            self.needs.last.update(columns)
+            if new:
+                self.needs.last.update(new)
+                self.grown = True
             out: dict[int, dict[str, NewestValue | None]] = {gid: {c: None for c in columns} for gid in gpu_ids}
             covered = self._last_ready and not new
             lo_ms, end_ms = _ms(end - self.LAST_RAW_SECONDS), _ms(end)
@@ -591,6 +615,9 @@ class RuleWindows:
                             out[gid][c] = (found[0] / 1000.0, self._decode[c](found[1]))
                             del want[c]
                 else:  # a catch-up time: the whole rows before it
+                    if not g.full or (g.full[0][TS] > lo_ms and g.ts and g.ts[0] < g.full[0][TS]):
+                        covered = False  # older than the whole rows held: the store looks
+                        break
                     rows = [r for r in g.full if lo_ms <= r[TS] <= end_ms]
                     for r in reversed(rows):
                         for c in list(want):
@@ -637,7 +664,7 @@ class RuleWindows:
                     break
                 out[gid] = g.ts[k + 1] / 1000.0
             if not covered:
-                self._miss(grow=False)
+                self._miss()
         if not covered:
             return self.store.down_since(newest, at)
         return out
@@ -728,9 +755,11 @@ class RuleWindows:
 
     def rollup_series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[SeriesRow]]:
         with self._lock:
-            self.needs.rollup = max(self.needs.rollup, end - start)
             new = [c for c in columns if c not in self.needs.rollup_columns]
-            self.needs.rollup_columns.update(columns)
+            if new or end - start > self.needs.rollup:
+                self.needs.rollup = max(self.needs.rollup, end - start)
+                self.needs.rollup_columns.update(new)
+                self.grown = True
             covered = (self._rollups_from is not None and _ms(start) >= self._rollups_from and not new
                        and all(c in self._rollup_cols for c in columns))
             out: dict[int, list[SeriesRow]] = {gid: [] for gid in gpu_ids}
