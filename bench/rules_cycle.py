@@ -10,7 +10,8 @@ rows are fed to the windows tick by tick, as the agent's store thread feeds each
 (their CPU is reported apart: it is spent on the store thread, not the rules') and the windows restore from the
 store at the first cycles of the ``--warm`` minutes, as a restarted agent's do; the store's
 "newest tick" is the walk's time, so nothing after it is read. The findings of the two modes are
-compared at every cycle. The store is made by replaying a derived capture
+compared at every cycle. Every complete minute of the store is rolled up first (in the data's time,
+so nothing is pruned), as the agent's retention leaves it. The store is made by replaying a derived capture
 (``bench/replay_memory.py``'s ``derive``) with ``vgpumon agent --replay … --hostname h``.
 
 Usage:
@@ -93,6 +94,22 @@ def _walk(db: str, hostname: str, minutes: float, warm: float, in_memory: bool) 
     return out
 
 
+def _roll_up(db: str, hostname: str) -> None:
+    """Roll up every complete minute of the store, as the agent's retention steps do while it
+    runs (a fast replay ends before they catch up; memory rolls each minute up as it completes),
+    in the data's time: nothing is pruned."""
+    from vgpumon.store import Store
+    from vgpumon.store.retention import Retention
+
+    store = Store(db)
+    try:
+        ids = [g.id for g in store.gpus_of(hostname)]
+        newest = store.newest_ts(ids) or 0.0
+        Retention(store, clock=lambda: newest, host_id=store.host_id(hostname), active_gpus=set(ids)).run()
+    finally:
+        store.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True)
@@ -102,6 +119,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    _roll_up(args.db, args.hostname)
     store = _walk(args.db, args.hostname, args.minutes, args.warm, in_memory=False)
     memory = _walk(args.db, args.hostname, args.minutes, args.warm, in_memory=True)
     differ = sum(1 for a, b in zip(store.pop("findings"), memory.pop("findings")) if a != b)

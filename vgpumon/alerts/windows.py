@@ -384,12 +384,12 @@ class RuleWindows:
                     rrow[0], rrow[1] = gid, minute[0]
                     for n, v in zip(rollup_cols, minute[1:]):
                         rrow[_RPOS[n]] = v
-                    g.rollups.append(tuple(rrow))
-                    g.rolled_ts.append(minute[0])
+                    self._take_rollup(g, tuple(rrow))  # (and its minute's newest values, as memory's own)
         self._rollup_cols = rollup_cols
         for gid, g in self._gpus.items():
             for n, found in last.get(gid, {}).items():
-                if found is not None and _ms(found[0]) < end - _ms(self.LAST_RAW_SECONDS):
+                older = n not in g.minute_last or g.minute_last[n][0] < _ms(found[0]) if found is not None else False
+                if found is not None and older and _ms(found[0]) < end - _ms(self.LAST_RAW_SECONDS):
                     g.minute_last[n] = (_ms(found[0]), found[1])  # an answer of the rollups: its minute
             for n, held in minute_last.get(gid, {}).items():
                 if n not in g.minute_last or g.minute_last[n][0] < held[0]:
