@@ -11,7 +11,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.store.engine import describe_store
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     from typing_extensions import TypeVarTuple, Unpack  # typing's from 3.11; annotations only
+
+    from vgpumon.store.codec import GpuRow
 
     _R = TypeVar("_R")
     _Args = TypeVarTuple("_Args")
@@ -155,6 +157,7 @@ class StoreWriter(AgentState):
         store thread."""
         assert self.store is not None
         entries = self._entries(batch)
+        outage = self._outage_since is not None
         if len(self.backlog) == 0:
             for i, (kind, rows) in enumerate(entries):
                 try:
@@ -184,6 +187,9 @@ class StoreWriter(AgentState):
                 f"; {folded} raw ticks were kept only as 1-minute rollups (buffer bound reached)" if folded else "",
             )
             self._outage_since = None
+        if self.rules is not None:  # stored: the rules' windows take the batch's GPU rows (or,
+            # after an outage whose rows came back from the spool, restore from the store)
+            self.rules.stored([r for t in batch for r in cast("list[GpuRow]", t.get("gpu_samples", ()))], whole=not outage)
         self._maintain()
 
     def _maintain(self) -> None:

@@ -23,13 +23,17 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from vgpumon.alerts.sinks import Dispatcher, LogSink, Sink
+from vgpumon.alerts.windows import RuleWindows
 from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.base.workers import DaemonExecutor
 from vgpumon.rules.engine import Engine
 from vgpumon.rules.lifecycle import AlertBook, Changes
-from vgpumon.rules.view import CarriedValues, HostView
+from vgpumon.rules.view import CarriedValues, HostView, StoreReads
 from vgpumon.store import Store
 from vgpumon.store.alerts import AlertRepository
+
+if TYPE_CHECKING:
+    from vgpumon.store.codec import GpuRow
 
 if TYPE_CHECKING:
     from vgpumon.alerts.feed import AlertSample, UnknownSample
@@ -49,6 +53,9 @@ class RuleRunner:
             only reads the store for nothing).
         wall: "now" for the silence rule; ``None`` uses each evaluation's own time (replays).
         max_catch_up: most evaluation times one cycle walks through.
+        in_memory: the rules read the agent's own GPUs' windows from memory, fed with each batch
+            the agent stores (``stored``; ``vgpumon.alerts.windows``), not from the store; false: every read from
+            the store (``bench/rules_cycle.py``'s "before", and stores written by someone else).
     """
 
     def __init__(
@@ -59,6 +66,7 @@ class RuleRunner:
         interval: float | None = None,
         wall: Callable[[], float] | None = time.time,
         max_catch_up: int = 720,
+        in_memory: bool = True,
     ) -> None:
         self.engine = engine or Engine()
         self.dispatcher = Dispatcher(list(sinks) if sinks is not None else [LogSink()])
@@ -88,18 +96,36 @@ class RuleRunner:
         self._last_rule: dict[str, float] = {}
         self._carry = CarriedValues()
         self._skipped = 0  # cycles in a row the store could not serve
+        self.in_memory = in_memory
+        #: the windows in memory (``start`` makes them when ``in_memory``)
+        self.windows: RuleWindows | None = None
 
     async def start(self, store: Store, hostname: str, write_executor: Executor) -> None:
         """Attach to the agent's store (writes go through ``write_executor``), restore the host's
         open alerts and start the sinks."""
         self._store, self._hostname, self._write_exec = store, hostname, write_executor
         self._repo = AlertRepository(store.engine)
+        if self.in_memory:
+            self.windows = RuleWindows(store, hostname)
         loop = asyncio.get_running_loop()
         try:
             self.book.restore(await loop.run_in_executor(self._exec, self._repo.open_alerts, hostname))
         except StoreUnavailableError as exc:
             log.warning("open alerts not restored: %s", exc)
         await self.dispatcher.start()
+
+    def stored(self, rows: Sequence[GpuRow], whole: bool = True) -> None:
+        """A batch of ticks is stored (on the store thread, after the write): its GPU rows go
+        into the windows in memory, so they hold what the store holds, no tick ahead of the
+        events, XIDs and vLLM polls a view reads from the store. ``whole`` false: rows came back
+        from the spool besides (an outage ended): the windows restore from the store instead."""
+        windows = self.windows
+        if windows is None:
+            return
+        if whole:
+            windows.feed(rows)
+        else:
+            windows.forget()
 
     def poke(self, data_ts: float) -> None:
         """A tick at ``data_ts`` was taken: start a cycle if one is due and none is running."""
@@ -198,8 +224,15 @@ class RuleRunner:
         """One cycle, on the rules thread: evaluate at each due time up to the newest stored tick
         (``final``: every rule at the newest, whatever its cadence — the agent stops)."""
         assert self._store is not None
-        gpus = self._store.gpus_of(self._hostname)
-        newest = self._store.newest_ts([g.id for g in gpus])
+        reads: StoreReads = self._store
+        if self.windows is not None:
+            self.windows.prepare()  # restores from the store what the previous cycle missed
+            reads = self.windows
+            gpus = self.windows.gpus
+        else:
+            gpus = self._store.gpus_of(self._hostname)
+        ids = [g.id for g in gpus]
+        newest = self._store.newest_ts(ids) if self.windows is None else self.windows.newest_ts(ids)
         total = Changes()
         if newest is None:
             return total
@@ -213,7 +246,7 @@ class RuleRunner:
             times.append(newest)
             if newest <= self._last_at and not final:
                 return total
-        carry: CarriedValues | None = self._carry
+        carry: CarriedValues | None = self._carry if self.windows is None else None  # memory needs no carrying
         if len(times) > 2:
             # catching up (after an outage, a slow cycle, a replay): ticks folded into rollups
             # while the store was away are seen only by whole reads, made at each time
@@ -226,7 +259,7 @@ class RuleRunner:
                 continue
             # catch-up times are in the past: only the newest is compared with the wall clock
             wall = self.wall() if self.wall is not None and at == newest else at
-            view = HostView(self._store, self._hostname, at, wall=max(wall, at), active=self.book.active(), gpus=gpus,
+            view = HostView(reads, self._hostname, at, wall=max(wall, at), active=self.book.active(), gpus=gpus,
                             carry=carry)
             findings = self.engine.evaluate(view, due, self._newest)
             slopes = {

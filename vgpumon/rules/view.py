@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, TypedDict, TypeVar, cast
 
 from vgpumon import catalogue
 from vgpumon.model import fingerprint
@@ -18,6 +18,8 @@ from vgpumon.store.rollup import percentile
 from vgpumon.store.tables import GpuEventRow, ProcessMemoryRow  # the store's row types, read by the rules
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from vgpumon.model import ServerState
     from vgpumon.model.topology import PcieTopology
     from vgpumon.store.vllm_repository import VllmRepository
@@ -36,6 +38,35 @@ LastValue = tuple[float, float] | None
 #: vLLM poll rows as ``VllmRepository`` reads them (every column of its wide table, read by the
 #: catalogue's names; ``state`` as a ``ServerState``): their shape is the store's, untyped there.
 VllmRecord = dict[str, Any]
+
+
+class StoreReads(Protocol):
+    """The reads a ``HostView`` makes: ``Store``'s own, or the agent's windows in memory
+    (``vgpumon.alerts.windows.RuleWindows``), which answer them from what the agent keeps."""
+
+    LAST_RAW_SECONDS: float
+    LAST_ROLLUP_SECONDS: float
+
+    @property
+    def engine(self) -> Engine: ...
+    def gpus_of(self, hostname: str) -> list[StoredGpu]: ...
+    def window_aggregates_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str],
+                               aggregates: Sequence[str] = ...) -> dict[int, dict[str, Any]]: ...
+    def latest(self, gpu_ids: Sequence[int], columns: Sequence[str], until: float | None = None) -> dict[int, dict[str, Any]]: ...
+    def last_values_many(self, gpu_ids: Sequence[int], end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any] | None]]: ...
+    def newest_values(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, dict[str, tuple[float, Any]]]: ...
+    def down_since(self, newest: Mapping[int, tuple[float, bool]], at: float) -> dict[int, float]: ...
+    def window_percentiles(self, gpu_id: int, start: float, end: float, columns: Sequence[str],
+                           quantiles: Sequence[float] = ...) -> dict[str, dict[float, float | None]]: ...
+    def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[dict[str, Any]]: ...
+    def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[dict[str, Any]]: ...
+    def rollup_series_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> dict[int, list[dict[str, Any]]]: ...
+    def host_xid_events(self, hostname: str, start: float, end: float) -> list[tuple[float, int, int]]: ...
+    def gpu_events(self, hostname: str, start: float, end: float, gpus: Sequence[StoredGpu] | None = None) -> list[GpuEventRow]: ...
+    def process_memory_series(self, gpu_ids: Sequence[int], start: float, end: float) -> list[ProcessMemoryRow]: ...
+    def rejections(self, hostname: str, start: float, end: float) -> dict[str, dict[str, tuple[int, str]]]: ...
+    def topology(self, hostname: str) -> PcieTopology: ...
+    def newest_host_sample(self, hostname: str) -> float | None: ...
 
 
 class VllmInstanceRow(TypedDict):
@@ -84,7 +115,7 @@ class HostView:
     """The stored data of one host as of ``at``.
 
     Args:
-        store: an open store.
+        store: an open store (or the agent's windows in memory, ``StoreReads``).
         hostname: the host as stored.
         at: evaluation time (epoch seconds); windows are ``[at − length, at]``.
         wall: "now" for the silence rule: the wall clock in a live agent, ``at`` otherwise (a
@@ -98,7 +129,7 @@ class HostView:
             agent's rules runner, whose evaluation times only move forward).
     """
 
-    def __init__(self, store: Store, hostname: str, at: float, *, wall: float | None = None, active: frozenset[str] = frozenset(),
+    def __init__(self, store: StoreReads, hostname: str, at: float, *, wall: float | None = None, active: frozenset[str] = frozenset(),
                  prefetch: "Prefetch | None" = None, gpus: list[StoredGpu] | None = None,
                  carry: "CarriedValues | None" = None) -> None:
         self.store = store
@@ -374,7 +405,7 @@ class CarriedValues:
         self._full_at = 0.0
         self._values: dict[int, dict[str, LastValue]] = {}
 
-    def read(self, store: Store, gpu_ids: Sequence[int], at: float, columns: Sequence[str]) -> dict[int, dict[str, LastValue]]:
+    def read(self, store: StoreReads, gpu_ids: Sequence[int], at: float, columns: Sequence[str]) -> dict[int, dict[str, LastValue]]:
         """As ``Store.last_values_many(gpu_ids, at, columns)``, from the values carried from the
         previous call and the raw rows since.
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import cast
 
-from sqlalchemy import and_, bindparam, case, func, select, type_coerce
+from sqlalchemy import BigInteger, and_, bindparam, case, func, select, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.store.core import StoreBase
@@ -313,3 +313,24 @@ class SeriesReads(StoreBase):
         for r in rows:
             out[r[0]].append(dict(zip(names, r[1:])))
         return out
+
+    def stored_rows(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[tuple[int, ...]]:
+        """Raw rows of ``start <= ts <= end`` as stored: ``(gpu_id, ts in epoch ms, *columns)`` of
+        the stored integers (fixed-point, codes, flags as 0/1; ``None`` where NULL), ordered by
+        GPU and time. What the agent's in-memory rule windows restore at start
+        (``vgpumon.alerts.windows``): they keep the values the store got, not decoded floats.
+        """
+        c = _SAMPLES.c
+        if not gpu_ids:
+            return []
+        cols = tuple(columns)
+        stmt = self._stmt(("stored_rows", cols), lambda: select(
+            c.gpu_id, type_coerce(c.ts, BigInteger), *(type_coerce(c[n], BigInteger) for n in cols)
+        ).where(and_(c.gpu_id.in_(bindparam("gids", expanding=True)), c.ts >= bindparam("start"), c.ts <= bindparam("end")))
+         .order_by(c.gpu_id, c.ts))
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt, {"gids": list(gpu_ids), "start": start, "end": end}).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return [tuple(r) for r in rows]

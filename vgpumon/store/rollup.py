@@ -44,6 +44,13 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def aggregate(values: list[StoredValue], agg: str) -> StoredValue:
+    """One rollup aggregate (``schema.ROLLUP_SPEC``'s names) of a minute's stored values, in time
+    order, as ``rollup_rows`` takes it (the agent's rule windows roll up only the columns the
+    rules read, with this)."""
+    return _aggregate(values, agg)
+
+
 def _aggregate(values: list[StoredValue], agg: str) -> StoredValue:
     present = [v for v in values if v is not None]
     if not present:
