@@ -5,6 +5,8 @@ from __future__ import annotations
 import getpass
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from vgpumon.sources.host import HostSource, container_id_from_cgroup
 
@@ -60,6 +62,9 @@ def test_a_gpu_process_command_line_keeps_no_secret():
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", "serve", "tiny",
                              "--api-key", key, f"--hf-token={token}", "--port", "8000", "--max-num-batched-tokens", "8192"])
     try:
+        deadline = time.monotonic() + 60  # the child's command line, once the kernel shows it (a loaded machine)
+        while key.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
         assert info.resolved and info.cmdline is not None
         assert key not in info.cmdline and token not in info.cmdline
@@ -104,6 +109,9 @@ for argv in (["A" + "TOKEN" * 200_000, "=x"], ["--" + "token-" * 150_000, "x"], 
     key = "sk-live-0123456789abcdefghij"
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--api-key", key, "TOKEN" * 20_000, "x" * 100_000])
     try:
+        deadline = time.monotonic() + 60  # the child's command line, once the kernel shows it (a loaded machine)
+        while key.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
         assert info.resolved and info.cmdline is not None
         assert len(info.cmdline) == COMMAND_LINE_LENGTH and info.cmdline.endswith("…")

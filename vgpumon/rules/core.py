@@ -56,7 +56,7 @@ UNKNOWN_CODES: dict[str, tuple[str, ...]] = {
     "not_reported": ("not reported", "not known", "neither"),
     # too little or nothing stored in the rule's window
     "no_data": ("no samples", "stored", "fewer than", "less than", "no 1-minute rollups", "too few points",
-                "not alive with telemetry", "no GPU of the host reported"),
+                "not alive with telemetry", "no GPU of the host reported", "a rate needs two"),
 }
 
 
