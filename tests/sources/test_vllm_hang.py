@@ -182,6 +182,29 @@ def test_an_unanswered_probe_while_a_client_waits_reads_hung():
     _probe_run(0.5, t)
 
 
+def test_a_probe_outrun_by_progress_concludes_nothing():
+    """The engine resumes while a probe waits behind its backlog: tokens advance, then the probe
+    misses its deadline. That late timeout must not mark the server hung (it did, for up to a
+    probe interval, after a SIGSTOP/SIGCONT of a real engine)."""
+
+    async def t(rig: ProbeRig) -> None:
+        rig.server.hang.add("/v1/completions")
+        client = _client(rig.port)
+        try:
+            await _polls(rig.src, rig.clock, 4, 2.0)
+            assert rig.watch.probing is not None and not rig.watch.probing.done()  # the probe waits
+            rig.watch.progressed()  # tokens advanced meanwhile: the engine steps
+            await rig.probe_done()
+            (after,) = await _polls(rig.src, rig.clock, 1, 2.0)
+        finally:
+            client.kill()
+            client.wait()
+        assert rig.watch.probe_hung is None
+        assert after.state is not S.HUNG, after
+
+    _probe_run(0.5, t)
+
+
 def test_an_answered_probe_keeps_the_idle_server_idle():
     async def t(rig: ProbeRig) -> None:
         client = _client(rig.port)

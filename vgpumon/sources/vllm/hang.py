@@ -95,6 +95,7 @@ class HangWatch:
     probing: asyncio.Task[None] | None = None
     last_probe_ts: float | None = None
     probe_off: str | None = None  # why this server is not probed (a refusal), logged once
+    progress: int = 0  # times tokens were seen to advance: a probe outrun by progress concludes nothing
 
     def engine_stalled(self, states: Mapping[int, str]) -> str | None:
         """Fold one poll's engine states in; the reason when an engine has been stopped or in ``D``
@@ -106,7 +107,10 @@ class HangWatch:
         return None
 
     def progressed(self) -> None:
-        """Tokens advanced: whatever a probe said before, the engine steps."""
+        """Tokens advanced: whatever a probe said before, the engine steps; a probe in flight now
+        that later misses its deadline was queued behind work the engine did (a resumed engine
+        serving its backlog), and says nothing of a hang."""
+        self.progress += 1
         self.probe_hung = None
 
     def probe_due(self, now: float, *, suspect: bool) -> bool:
@@ -127,6 +131,7 @@ class HangWatch:
         rid = f"{PROBE_ID_PREFIX}{os.getpid()}-{next(_ids)}"
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0, "user": PROBE_USER}
         t0 = time.monotonic()
+        seen = self.progress
         try:
             async with session.post(
                 base + "/v1/completions", json=body, headers={"X-Request-Id": rid}, allow_redirects=False,
@@ -135,6 +140,9 @@ class HangWatch:
                 await r.read()
                 status = r.status
         except asyncio.TimeoutError:
+            if self.progress != seen:
+                log.debug("vLLM server %s: probe %s missed its deadline while tokens advanced: no verdict", base, rid)
+                return
             self.probe_hung = f"generation probe {rid}: no token within {self.probe_timeout:g} s"
             log.warning("vLLM server %s: %s", base, self.probe_hung)
             return
