@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
+
+RULES = Path(__file__).resolve().parents[1] / "rules"
 
 REQUIRE_ENV = "VGPUMON_REQUIRE_PROMETHEUS"
 
@@ -22,3 +27,19 @@ def tool(name: str) -> str:
             pytest.fail(f"{message}, and {REQUIRE_ENV} is set")
         pytest.skip(message)
     return path
+
+
+def start_prometheus(tmp_path: Path, prom_port: int, agent_port: int) -> subprocess.Popen:
+    """A real Prometheus scraping the agent at ``agent_port`` each second and evaluating the
+    project's rule files each second (the twins), its TSDB and log under ``tmp_path``."""
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(r) for r in sorted(RULES.glob("*.rules.yml"))],
+        "scrape_configs": [{"job_name": "vgpumon", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]}],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen(
+        [tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115  the child owns it
+    )

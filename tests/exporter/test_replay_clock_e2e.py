@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 import yaml
 from conftest import DATA, ROOT
-from prometheus_support import tool
+from prometheus_support import start_prometheus
 from vllm_support import ServerThread, shared_dir
 
 from vgpumon.testing import scenarios
@@ -58,7 +58,6 @@ def _faces(agent: str, prom: str) -> dict[str, set[tuple[str, ...]]]:
 
 
 def test_a_replay_beside_a_live_vllm_server_raises_the_same_alerts_in_the_agent_and_in_prometheus(tmp_path):
-    prometheus = tool("prometheus")
     header, ticks = scenarios.load(DATA / "h200-workload.jsonl.gz")  # 76 ticks, 1 s apart, days old
     header, ticks = scenarios.repeat(header, ticks, 2)  # 150 s: the twins' 1-min `for` and a margin
     capture = tmp_path / "workload.jsonl.gz"
@@ -68,18 +67,8 @@ def test_a_replay_beside_a_live_vllm_server_raises_the_same_alerts_in_the_agent_
     servers = ServerThread()
     vllm = servers.start(FakeVllmServer(metrics=busy, version="0.32.0", models=["tiny"]))
     agent_port, prom_port = free_port(), free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(r) for r in sorted((ROOT / "rules").glob("*.rules.yml"))],
-        "scrape_configs": [{"job_name": "vgpumon", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]}],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     prom_url, agent_url = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{agent_port}"
-    prom = subprocess.Popen(
-        [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"),
-    )
+    prom = start_prometheus(tmp_path, prom_port, agent_port)
     agent = None
     seen: list[dict[str, set[tuple[str, ...]]]] = []
     started = time.time()

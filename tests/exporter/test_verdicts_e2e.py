@@ -17,10 +17,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
-from conftest import DATA, ROOT
+from conftest import DATA
 from exporter_support import Scrape
-from prometheus_support import tool
+from prometheus_support import start_prometheus
 
 from vgpumon.testing import incident, scenarios
 from vgpumon.testing.vllm import free_port
@@ -84,22 +83,11 @@ def _kinds(said: set[tuple[str, str]]) -> set[tuple[str, str]]:
 
 
 def test_eight_gpus_four_alert_kinds_agree_in_diagnose_the_api_metrics_and_prometheus(tmp_path):
-    prometheus = tool("prometheus")
     capture = _capture(tmp_path / "incident.jsonl.gz")
     sysfs = incident.sysfs_tree(DATA, tmp_path / "sys")
     agent_port, prom_port = free_port(), free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(r) for r in sorted((ROOT / "rules").glob("*.rules.yml"))],
-        "scrape_configs": [{"job_name": "vgpumon", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]}],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     prom_url, agent_url = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{agent_port}"
-    prom = subprocess.Popen(
-        [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"),
-    )
+    prom = start_prometheus(tmp_path, prom_port, agent_port)
     agent = None
     seen: list[dict[str, set[tuple[str, str]]]] = []
     try:

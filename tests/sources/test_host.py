@@ -13,6 +13,15 @@ from vgpumon.sources.host import HostSource, container_id_from_cgroup
 CID = "3f1c0d2b9e8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e"
 
 
+def _sampled_once_it_runs(proc: subprocess.Popen, marker: str):
+    """The host source's view of ``proc``, read once the kernel shows its command line (the
+    condition: a loaded machine may not have it yet right after the fork)."""
+    deadline = time.monotonic() + 60
+    while marker.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
+
+
 def test_process_owner_memory_and_cpu_of_a_real_process():
     proc = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
     try:
@@ -62,10 +71,7 @@ def test_a_gpu_process_command_line_keeps_no_secret():
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", "serve", "tiny",
                              "--api-key", key, f"--hf-token={token}", "--port", "8000", "--max-num-batched-tokens", "8192"])
     try:
-        deadline = time.monotonic() + 60  # the child's command line, once the kernel shows it (a loaded machine)
-        while key.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
+        info = _sampled_once_it_runs(proc, key)
         assert info.resolved and info.cmdline is not None
         assert key not in info.cmdline and token not in info.cmdline
         assert "--api-key *** --hf-token=*** --port 8000 --max-num-batched-tokens 8192" in info.cmdline
@@ -109,10 +115,7 @@ for argv in (["A" + "TOKEN" * 200_000, "=x"], ["--" + "token-" * 150_000, "x"], 
     key = "sk-live-0123456789abcdefghij"
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--api-key", key, "TOKEN" * 20_000, "x" * 100_000])
     try:
-        deadline = time.monotonic() + 60  # the child's command line, once the kernel shows it (a loaded machine)
-        while key.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = HostSource().sample(0.0, [proc.pid]).processes[proc.pid]
+        info = _sampled_once_it_runs(proc, key)
         assert info.resolved and info.cmdline is not None
         assert len(info.cmdline) == COMMAND_LINE_LENGTH and info.cmdline.endswith("…")
         assert "--api-key *** TOKENTOKEN" in info.cmdline and key not in info.cmdline

@@ -35,14 +35,15 @@ Thread-safety: ticks are fed by the store's thread and read by the rules thread,
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar, cast
 
 from vgpumon.alerts.window_store import _NULL, _PLAIN, _POS, _RPOS, TS, WindowStore, _Gpu, _ms, _rollup_of_last
 from vgpumon.store.rollup import percentile
 from vgpumon.store.schema import ColumnValue
 from vgpumon.store.tables import Aggregates, NewestValue, SeriesRow
 
+_T = TypeVar("_T")
 
 class RuleWindows(WindowStore):
     """The agent's own GPUs' windows in memory, read as ``HostView`` reads the store
@@ -59,6 +60,16 @@ class RuleWindows(WindowStore):
         if seconds > self.needs.ticks:
             self.needs.ticks, self.grown = seconds, True
         return self._ticks_from is not None and _ms(start) >= self._ticks_from
+
+    def _from_memory(self, start: float, end: float, columns: Sequence[str], build: Callable[[], _T],
+                     store: Callable[[], _T]) -> _T:
+        """``build()`` under the lock where memory covers ``columns`` over [start, end], else the
+        store's answer (``store()``, outside the lock), the miss counted."""
+        with self._lock:
+            if self._cover_columns(start, end - start, columns):
+                return build()
+            self._miss()
+        return store()
 
     def _cover_columns(self, start: float, seconds: float, columns: Sequence[str]) -> bool:
         ok = self._cover_ticks(start, seconds)
@@ -137,18 +148,10 @@ class RuleWindows(WindowStore):
 
     def window_aggregates_many(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str],
                                aggregates: Sequence[str] = ("mean", "max")) -> dict[int, Aggregates]:
-        with self._lock:
-            if not self._cover_columns(start, end - start, columns):
-                self._miss()
-                covered = False
-            else:
-                covered = True
-                out: dict[int, Aggregates] = {}
-                for gid in gpu_ids:
-                    out[gid] = self._aggregates(self._gpus.get(gid), start, end, columns, aggregates)
-        if not covered:
-            return self.store.window_aggregates_many(gpu_ids, start, end, columns, aggregates)
-        return out
+        return self._from_memory(
+            start, end, columns,
+            lambda: {gid: self._aggregates(self._gpus.get(gid), start, end, columns, aggregates) for gid in gpu_ids},
+            lambda: self.store.window_aggregates_many(gpu_ids, start, end, columns, aggregates))
 
     def _aggregates(self, g: _Gpu | None, start: float, end: float, columns: Sequence[str], aggregates: Sequence[str]) -> Aggregates:
         lo, hi = self._span(g, start, end) if g is not None else (0, 0)
@@ -297,37 +300,27 @@ class RuleWindows(WindowStore):
 
     def window_percentiles(self, gpu_id: int, start: float, end: float, columns: Sequence[str],
                            quantiles: Sequence[float] = (0.5, 0.95, 0.99)) -> dict[str, dict[float, float | None]]:
-        with self._lock:
-            covered = self._cover_columns(start, end - start, columns)
+        def build() -> dict[str, dict[float, float | None]]:
+            g = self._gpus.get(gpu_id)
             out: dict[str, dict[float, float | None]] = {}
-            if covered:
-                g = self._gpus.get(gpu_id)
-                for name in columns:
-                    values: list[int] = []
-                    if g is not None:
-                        lo, hi = self._span(g, start, end)
-                        values = sorted(self._present(g, name, lo, hi))
-                    decode = self._decode[name]
-                    out[name] = {q: (decode(percentile(values, q)) if values else None) for q in quantiles}
-            else:
-                self._miss()
-        if not covered:
-            return self.store.window_percentiles(gpu_id, start, end, columns, quantiles)
-        return out
+            for name in columns:
+                values: list[int] = []
+                if g is not None:
+                    lo, hi = self._span(g, start, end)
+                    values = sorted(self._present(g, name, lo, hi))
+                decode = self._decode[name]
+                out[name] = {q: (decode(percentile(values, q)) if values else None) for q in quantiles}
+            return out
+
+        return self._from_memory(start, end, columns, build,
+                                 lambda: self.store.window_percentiles(gpu_id, start, end, columns, quantiles))
 
     def series(self, gpu_id: int, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[SeriesRow]:
-        with self._lock:
-            covered = self._cover_columns(start, end - start, columns)
-            rows: list[SeriesRow] = []
-            if covered:
-                g = self._gpus.get(gpu_id)
-                if g is not None:
-                    rows = self._rows(g, start, end, columns, present)
-            else:
-                self._miss()
-        if not covered:
-            return self.store.series(gpu_id, start, end, columns, present)
-        return rows
+        def build() -> list[SeriesRow]:
+            g = self._gpus.get(gpu_id)
+            return [] if g is None else self._rows(g, start, end, columns, present)
+
+        return self._from_memory(start, end, columns, build, lambda: self.store.series(gpu_id, start, end, columns, present))
 
     def _rows(self, g: _Gpu, start: float, end: float, columns: Sequence[str], present: bool = False) -> list[SeriesRow]:
         lo, hi = self._span(g, start, end)
@@ -345,30 +338,27 @@ class RuleWindows(WindowStore):
         return [dict(zip(names, r)) for r in zip([t / 1000.0 for t in times], *cols)]
 
     def summed_series(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
-        with self._lock:
-            covered = self._cover_columns(start, end - start, columns)
-            ticks: dict[int, list[int | None]] = {}
-            if covered:
-                for gid in gpu_ids:
-                    g = self._gpus.get(gid)
-                    if g is None:
-                        continue
-                    lo, hi = self._span(g, start, end)
-                    per = [self._values(g, c, lo, hi) for c in columns]
-                    for k, t in enumerate(g.ts[lo:hi]):
-                        have = ticks.get(t)
-                        if have is None:
-                            have = ticks[t] = [0, *([None] * len(columns))]
-                        have[0] = (have[0] or 0) + 1
-                        for i, vals in enumerate(per):
-                            v = vals[k]
-                            if v is not None:
-                                s = have[1 + i]
-                                have[1 + i] = v if s is None else s + v
-            else:
-                self._miss()
-        if not covered:
-            return self.store.summed_series(gpu_ids, start, end, columns)
+        return self._from_memory(start, end, columns, lambda: self._summed(gpu_ids, start, end, columns),
+                                 lambda: self.store.summed_series(gpu_ids, start, end, columns))
+
+    def _summed(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[SeriesRow]:
+        ticks: dict[int, list[int | None]] = {}
+        for gid in gpu_ids:
+            g = self._gpus.get(gid)
+            if g is None:
+                continue
+            lo, hi = self._span(g, start, end)
+            per = [self._values(g, c, lo, hi) for c in columns]
+            for k, t in enumerate(g.ts[lo:hi]):
+                have = ticks.get(t)
+                if have is None:
+                    have = ticks[t] = [0, *([None] * len(columns))]
+                have[0] = (have[0] or 0) + 1
+                for i, vals in enumerate(per):
+                    v = vals[k]
+                    if v is not None:
+                        s = have[1 + i]
+                        have[1 + i] = v if s is None else s + v
         out: list[SeriesRow] = []
         for t in sorted(ticks):
             have = ticks[t]
