@@ -173,6 +173,8 @@ class Lifecycle:
         if self.ready_ts is None:
             if obs.health_status == 200 and (obs.model_listed is not False or obs.has_vllm):
                 self.ready_ts = obs.ts
+                if obs.metrics_error is not None:  # ready, and its telemetry already broken: say the latter
+                    return self._set(ServerState.TELEMETRY_DOWN, f"first /health 200; /metrics: {obs.metrics_error}")
                 return self._set(ServerState.READY, "first /health 200")
             self._seen_before_ready = True
             if obs.health_status == 200:
