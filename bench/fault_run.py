@@ -79,8 +79,11 @@ def tick_times(ticks: list[Any]) -> list[float]:
     return [t["ts"] for t in ticks if t["tick"] >= 0 and t["ts"] is not None]
 
 
+# the capture's clock, not the wall's (the default at the recorded pace): a restarted agent
+# replays the rest of the capture from before its newest stored tick, and the ticks sent twice
+# must carry the times they were first stored under to be stored once
 def agent(cap: Path, db: str, spool: Path, host: str, vllm: str | None, log: Path, *more: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--db", db,
+    cmd = [sys.executable, "-m", "vgpumon", "agent", "--replay", str(cap), "--pace", "recorded", "--replay-clock", "capture", "--db", db,
            "--spool", str(spool), "--hostname", host, "--listen", "off", "--flush-interval", "1s", *more]
     cmd += ["--vllm-url", vllm] if vllm else ["--no-vllm"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log.open("ab"), cwd=ROOT)
@@ -183,7 +186,7 @@ def postgres_part(tmp: Path, log: Path) -> dict[str, Any]:
     spool.mkdir()
     tmpfs = False
     if os.geteuid() == 0:
-        tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(spool)], capture_output=True).returncode == 0
+        tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(spool)], capture_output=True).returncode == 0
     pg = PrivatePostgres(bindir)
     pg.start()
     vllm = VllmFaults()

@@ -87,6 +87,8 @@ class RunPlan(TypedDict):
     replay: str | None
     shift_s: float
     recorded_pace: bool
+    #: a recorded-pace replay on the capture's clock (``--replay-clock capture``), not the wall's
+    capture_clock: bool
     duration: float | None
     sysfs: str | None
 

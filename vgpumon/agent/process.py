@@ -72,6 +72,7 @@ def setup_logging(level: str) -> None:
 
 def make_plan(
     settings: "Settings", *, replay: str | None, recorded_pace: bool, duration: float | None, sysfs: str | None,
+    capture_clock: bool = False,
     shift_s: float = 0.0,
 ) -> Plan:
     """The agent's run as plain, JSON-able values, from the validated settings and the run's own
@@ -84,6 +85,8 @@ def make_plan(
         duration: seconds to run, or ``None`` for until SIGINT/SIGTERM.
         sysfs: sysfs root for the PCIe topology, or ``None`` (the default for the mode).
         shift_s: seconds added to a replay's every time (``--shift-to-now``).
+        capture_clock: a replay at the recorded pace keeps the capture's clock instead of moving
+            onto the wall clock (``--replay-clock capture``; a replay as fast as possible always does).
     """
     a, st, ex, r, api = settings.agent, settings.store, settings.exporter, settings.rules, settings.api
     assert st.url is not None and a.hostname is not None, "load_settings fills the store URL and the host name"
@@ -112,7 +115,7 @@ def make_plan(
             "enabled": api.enabled, "token": api.token.get_secret_value() if api.token is not None else None,
             "stacks": api.stacks, "window": settings.diagnose.window,
         },
-        "run": {"replay": replay, "shift_s": shift_s, "recorded_pace": recorded_pace, "duration": duration, "sysfs": sysfs},
+        "run": {"replay": replay, "shift_s": shift_s, "recorded_pace": recorded_pace, "capture_clock": capture_clock, "duration": duration, "sysfs": sysfs},
     }
 
 
@@ -187,9 +190,11 @@ def run(plan: Plan) -> int:
     replay = rp["replay"]
     exporter = exporter_config(ex["listen"], ex["metrics_file"])
     # a replay runs on one clock (docs/exporter.md, "Replays on one clock"): at the recorded
-    # pace the wall clock (its first tick lands now), as fast as possible the capture's
-    backend = ReplayBackend(replay, shift_s=rp["shift_s"], anchor=time.time if rp["recorded_pace"] else None) if replay else None  # a bad capture: exit 65 before anything is created
-    clock = ReplayClock(backend.first_ts) if backend is not None and not rp["recorded_pace"] else None
+    # pace the wall clock (its first tick lands now) unless --replay-clock capture, as fast as
+    # possible the capture's
+    on_wall = rp["recorded_pace"] and not rp["capture_clock"]
+    backend = ReplayBackend(replay, shift_s=rp["shift_s"], anchor=time.time if on_wall else None) if replay else None  # a bad capture: exit 65 before anything is created
+    clock = ReplayClock(backend.first_ts) if backend is not None and not on_wall else None
     slow_every = a["slow_every"]
     if slow_every is None:  # a replay asks for the slow set at the cadence it was recorded with
         slow_every = int(backend.header.get("slow_every", 10)) if backend else 10

@@ -27,6 +27,11 @@ class Pace(str, Enum):
     recorded = "recorded"
 
 
+class Clock(str, Enum):
+    wall = "wall"
+    capture = "capture"
+
+
 async def _run_until_signal(agent: Agent) -> AgentStats:
     from vgpumon.agent.process import run_until_signal
 
@@ -48,7 +53,14 @@ def agent(
         bool,
         typer.Option("--shift-to-now", help="Move a replay's times by whole minutes so that its last tick falls in the past minute: a capture of any age is stored, kept and judged as fresh data."),
     ] = False,
-    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own timestamps; --interval does not apply).")] = Pace.fast,
+    pace: Annotated[Pace, typer.Option(help="Replay as fast as possible, or at the capture's recorded pace (its own spacing; --interval does not apply).")] = Pace.fast,
+    replay_clock: Annotated[
+        Optional[Clock],
+        typer.Option(
+            "--replay-clock",
+            help="The clock a replay's rows are stamped with: wall (the first tick lands now; the default at --pace recorded, so a Prometheus beside it judges the same ages) or capture (the capture's own times, moved by --shift-to-now; the default and only choice at --pace fast). capture at --pace recorded replays an incident on its own times, with no Prometheus beside it.",
+        ),
+    ] = None,
     hostname: Annotated[
         Optional[str],
         typer.Option(help="Name this host is stored under, also for a replay (default: the system host name; VGPUMON_HOSTNAME, setting agent.hostname)."),
@@ -154,6 +166,10 @@ def agent(
         raise UsageError("--pace recorded paces a replay: give --replay CAPTURE (a live agent ticks every --interval)")
     if shift_to_now and replay is None:
         raise UsageError("--shift-to-now moves a replay in time: give --replay CAPTURE")
+    if replay_clock is not None and replay is None:
+        raise UsageError("--replay-clock stamps a replay: give --replay CAPTURE (a live agent reads the wall clock)")
+    if replay_clock is Clock.wall and pace is not Pace.recorded:
+        raise UsageError("--replay-clock wall needs --pace recorded: a replay as fast as possible runs ahead of the wall clock")
     settings = _settings(
         ctx,
         {
@@ -200,6 +216,7 @@ def agent(
         shift_s = (time.time() - capture_end(replay)) // 60 * 60
     plan = agent_main.make_plan(
         settings, replay=None if replay is None else str(replay), recorded_pace=pace is Pace.recorded, shift_s=shift_s,
+        capture_clock=replay_clock is Clock.capture,
         duration=duration, sysfs=None if sysfs is None else str(sysfs),  # type: ignore[arg-type]  # seconds
     )
     if signals.exec_allowed and agent_main.can_exec():
