@@ -78,7 +78,11 @@ def test_misbehaving_servers_never_cost_a_gpu_tick(db_url, store_of):
     polls = {len(rows) for rows in by_url.values()}
     # (how many polls fit in the run is the machine's speed: 38 at best, 18 seen on a loaded one)
     assert len(polls) == 1 and polls.pop() == stats.vllm_samples // 5 >= 3
-    assert {r["state"] for r in by_url[healthy.url]} <= {S.READY, S.IDLE}
+    # a poll before the healthy server's first answer reads it as starting, honestly: on a starved
+    # machine its first answers may miss the 0.3 s timeout; once seen ready it stays ready/idle
+    states = [r["state"] for r in by_url[healthy.url]]
+    first_ready = next(i for i, st in enumerate(states) if st in (S.READY, S.IDLE))
+    assert set(states[:first_ready]) <= {S.STARTING} and set(states[first_ready:]) <= {S.READY, S.IDLE}, states
     assert by_url[dying.url][-1]["state"] is S.DEAD
     assert by_url[hung.url][-1]["state"] is S.HUNG
     assert {r["state"] for r in by_url[garbage.url][1:]} == {S.TELEMETRY_DOWN}
