@@ -176,7 +176,7 @@ def merge(parts: list[dict]) -> dict:
     """The shards of one run added up; refused unless they are the n distinct shards of one seed,
     one input count and one target list."""
     keys = {(p["seed"], p["planned_inputs"], tuple(p["targets"])) for p in parts}
-    shards = sorted(p["shard"] for p in parts)
+    shards = sorted((p["shard"] for p in parts), key=lambda s: int(s.split("/")[0]))  # 2/20 before 10/20
     of = {int(s.split("/")[1]) for s in shards}
     if len(keys) != 1 or len(of) != 1 or shards != [f"{i}/{len(parts)}" for i in range(len(parts))]:
         raise SystemExit(f"--merge: not the shards of one run: {shards}, seeds/inputs/targets {sorted(keys)}")
