@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import DATA, H200_CAPTURE, stored_ticks
 
-from vgpumon.sources.nvml.capture import capture_end
+from vgpumon.sources.nvml.capture import ReplayBackend, capture_end
 
 pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
 
@@ -84,6 +86,40 @@ def test_shift_to_now_without_a_replay_is_a_usage_error(tmp_path):
     out = run("agent", "--shift-to-now", "--db", str(tmp_path / "s.db"), "--listen", "off")
     assert out.returncode == 64
     assert out.stderr.strip() == "vgpumon: --shift-to-now moves a replay in time: give --replay CAPTURE"
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize("clock", ["wall", "capture", None])
+def test_a_recorded_pace_replay_is_stamped_on_the_clock_asked_for(tmp_path, clock):
+    """``--replay-clock``: at the recorded pace the default is the wall clock; ``capture`` keeps the
+    capture's own times, which an agent restarted on the rest of a capture needs for the ticks it
+    sends twice to be stored once (bench/fault_run.py)."""
+    db = tmp_path / "s.db"
+    started = time.time()
+    out = run("agent", "--replay", str(H200_CAPTURE), "--pace", "recorded", *(["--replay-clock", clock] if clock else []),
+              "--duration", "2s", "--db", str(db), "--listen", "off", "--no-rules", "--spool", str(tmp_path / "spool"))
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(db) as conn:
+        first = conn.execute("SELECT min(ts) FROM gpu_samples").fetchone()[0]
+    assert first is not None, "the replay stored no tick"
+    if clock == "capture":
+        assert first / 1000.0 == pytest.approx(ReplayBackend(H200_CAPTURE).first_ts, abs=0.001)  # the capture's own first tick
+    else:  # the default at the recorded pace: the first tick lands when it is replayed
+        assert started - 1 <= first / 1000.0 <= time.time()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--replay-clock", "capture"], "vgpumon: --replay-clock stamps a replay: give --replay CAPTURE (a live agent reads the wall clock)"),
+        (["--replay", str(H200_CAPTURE), "--replay-clock", "wall"],
+         "vgpumon: --replay-clock wall needs --pace recorded: a replay as fast as possible runs ahead of the wall clock"),
+    ],
+)
+def test_a_replay_clock_that_cannot_apply_is_a_usage_error(tmp_path, args, said):
+    out = run("agent", *args, "--db", str(tmp_path / "s.db"), "--listen", "off")
+    assert out.returncode == 64
+    assert out.stderr.strip() == said
     assert not (tmp_path / "s.db").exists()
 
 
