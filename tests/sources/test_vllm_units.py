@@ -208,12 +208,13 @@ def test_discovery_polls_less_often_while_no_server_exists():
     idle = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25)
     assert asyncio.run(main(idle, 4, 1.1)) == 0
     gaps = [b - a for a, b in zip(idle.processes.scans, idle.processes.scans[1:])]
-    assert len(gaps) == 4 and min(gaps) >= 0.2, gaps
+    # (a starved machine scans less often, never more: counts and lower bounds only)
+    assert 1 <= len(gaps) <= 4 and min(gaps) >= 0.2, gaps
 
-    busy = VllmSource(processes=Table(), interval=0.05, idle_interval=0.25, static_urls=["http://127.0.0.1:9"])
-    assert asyncio.run(main(busy, 4, 5.0)) == 4
-    gaps = [b - a for a, b in zip(busy.processes.scans, busy.processes.scans[1:])]
-    assert len(gaps) == 3 and max(gaps) < 0.2
+    # tracked: four polls long before one idle interval (30 s) could have passed
+    busy = VllmSource(processes=Table(), interval=0.05, idle_interval=30.0, static_urls=["http://127.0.0.1:9"])
+    assert asyncio.run(main(busy, 4, 20.0)) == 4
+    assert len(busy.processes.scans) == 4
 
 
 def test_idle_discovery_finds_a_new_server_at_the_next_scan_and_polls_it_at_once():
@@ -248,7 +249,11 @@ def test_idle_discovery_finds_a_new_server_at_the_next_scan_and_polls_it_at_once
     t0 = time.monotonic()
     src = VllmSource(processes=Table(t0 + 0.6), interval=0.05, idle_interval=0.25, request_timeout=0.2)
     took, batch = asyncio.run(main(src))
-    assert 0.6 <= took < 1.2, took  # the scan after it appeared (every 0.25 s), then the poll
+    # found by the first scan after it appeared (every 0.25 s: at most three before) and polled at
+    # once: after it appeared, only that scan and the poll's own
+    before = [s for s in src.processes.scans if s < t0 + 0.6]
+    after = len(src.processes.scans) - len(before)
+    assert took >= 0.6 and 1 <= len(before) <= 3 and 1 <= after <= 2, src.processes.scans
     assert [s.instance.port for s in batch] == [9] and batch[0].instance.pid == 4242
 
 
