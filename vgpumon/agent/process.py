@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from vgpumon.base.errors import CaptureFormatError, ExitCode, VgpumonError
-from vgpumon.base.masking import MaskingFormatter, mask_secrets
+from vgpumon.base.logs import exit_internal_error, one_line, setup_logging
+from vgpumon.base.masking import mask_secrets
 from vgpumon.base.signals import (
     ask_stop,
     caused_by_interrupt,
@@ -59,15 +60,6 @@ PLAN_VERSION = 1
 EXEC_ENV = "VGPUMON_AGENT_EXEC"
 
 
-def setup_logging(level: str) -> None:
-    """Log to stderr at ``level`` through the masking formatter (no password in any line)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper()))
-    # Alembic narrates every migration step at INFO; one line from vgpumon.store.migrate says it.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
 
 
 def make_plan(
@@ -307,10 +299,6 @@ def run(plan: Plan) -> int:
     return ExitCode.UNAVAILABLE if stats.rows_pending else ExitCode.OK
 
 
-def one_line(text: str) -> str:
-    """An error message on one line (its lines joined with "; ")."""
-    # "Value error, " is pydantic's prefix, which typer passes on for enum options
-    return "; ".join(s.strip() for s in text.strip().splitlines() if s.strip()).replace("Value error, ", "")
 
 
 def _echo_err(line: str) -> None:
@@ -499,13 +487,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(int(code))
 
 
-def exit_internal_error() -> NoReturn:
-    """Log the exception being handled as an internal error and exit 70 (``vgpumon`` and the
-    agent's own process alike)."""
-    if not logging.getLogger().handlers:
-        setup_logging("warning")
-    log.exception("internal error")
-    sys.exit(ExitCode.SOFTWARE)
 
 
 if __name__ == "__main__":

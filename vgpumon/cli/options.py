@@ -31,7 +31,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the outcome as J
 
 
 def _setup_logging(level: str) -> None:
-    from vgpumon.agent.process import setup_logging
+    from vgpumon.base.logs import setup_logging
 
     setup_logging(level)
 

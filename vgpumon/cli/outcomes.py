@@ -17,7 +17,7 @@ def _echo_err(line: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    from vgpumon.agent.process import one_line
+    from vgpumon.base.logs import one_line
 
     return one_line(text)
 

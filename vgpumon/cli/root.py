@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes exit 70
         if caused_by_interrupt(exc):  # Ctrl-C inside an import's class creation (Python 3.11)
             exit_interrupted(argv)
-        from vgpumon.agent.process import exit_internal_error
+        from vgpumon.base.logs import exit_internal_error
 
         exit_internal_error()
     sys.exit(int(rv) if isinstance(rv, int) else 0)
