@@ -24,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ def first_host(store: Store, samples: list[Any], ids: list[int], hours: float) -
     base = [encode_gpu_sample(0, s) for s in samples]
     assert GPU_ROW_COLUMNS[:2] == ("gpu_id", "ts")
     write_s = rollup_s = 0.0
+    held: list[Any] = []  # the rows of a minute that an hour's batch cuts (T0 is not a whole minute)
     for hour in range(int(hours)):
         rows = []
         for t in range(hour * 3600, (hour + 1) * 3600):
@@ -86,9 +88,15 @@ def first_host(store: Store, samples: list[Any], ids: list[int], hours: float) -
         t1 = time.perf_counter()
         store.write_gpu_rows(rows)
         t2 = time.perf_counter()
-        store.write_rollup_rows(rollup_rows(rows))
+        # whole minutes only, as the agent rolls them up: a minute split over two batches would be
+        # written twice, its second part replacing the first
+        cut = rows[-1][1] - rows[-1][1] % 60_000
+        whole = held + [r for r in rows if r[1] < cut]
+        held = [r for r in rows if r[1] >= cut]
+        store.write_rollup_rows(rollup_rows(whole))
         t3 = time.perf_counter()
         write_s, rollup_s = write_s + t2 - t1, rollup_s + t3 - t2
+    store.write_rollup_rows(rollup_rows(held))
     with store.engine.begin() as conn:  # the rollups are current: freshness shows it
         for g in ids:
             conn.execute(text("INSERT INTO rollup_watermarks (gpu_id, rolled_until) VALUES (:g, :u)"),
@@ -118,8 +126,11 @@ def timed(fn: Any, runs: int) -> dict[str, Any]:
 
 def cli(args: list[str], runs: int) -> dict[str, Any]:
     """Wall time of the command as people run it (a new process: imports included)."""
+    empty = Path(tempfile.mkdtemp(prefix="report-bench-")) / "empty.toml"  # the defaults: no config file of this machine
+    empty.write_text("")
+
     def once() -> None:
-        out = subprocess.run([sys.executable, "-m", "vgpumon", *args], capture_output=True, text=True, env={**os.environ, "VGPUMON_CONFIG": "/dev/null"})
+        out = subprocess.run([sys.executable, "-m", "vgpumon", *args], capture_output=True, text=True, env={**os.environ, "VGPUMON_CONFIG": str(empty)})
         assert out.returncode in (0, 1, 2), out.stdout[-2000:] + out.stderr[-2000:]
 
     return timed(once, runs)
@@ -170,10 +181,13 @@ def _measure(url: str, names: list[str], hours: float, runs: int, load: dict[str
         "load": load,
         "diagnose_status": report["status"],
         "diagnose_build_report": timed(lambda: build_report(reader, "bench-00", now=T0 + hours * 3600), runs),
+        "diagnose_build_report_whole_window": timed(
+            lambda: build_report(reader, "bench-00", now=T0 + hours * 3600, window_seconds=hours * 3600), runs),
         "capacity_review": timed(lambda: review(reader, names, window_seconds=hours * 3600), runs),
     }
     reader.close()
     out["diagnose_cli"] = cli(["diagnose", "bench-00", "--db", url], 3)
+    out["diagnose_cli_whole_window"] = cli(["diagnose", "bench-00", "--db", url, "--window", f"{int(hours)}h"], 3)
     out["capacity_cli"] = cli(["capacity", "--db", url, "--window", f"{int(hours)}h"], 3)
     return out
 

@@ -161,23 +161,26 @@ def trends(store: Store, gpus: Sequence[StoredGpu], start: float, end: float, *,
     """
     ids = [g.id for g in gpus]
     raw = end - start <= RAW_TREND_MAX_SECONDS
+    mem_col, pcie_cols = "memory_used_bytes", tuple(_PCIE)
     if raw:
-        rows = store.series_many(ids, start, end, ("memory_used_bytes", *_PCIE))
-        mem_col, pcie_cols = "memory_used_bytes", tuple(_PCIE)
+        rows = store.series_many(ids, start, end, (mem_col, *pcie_cols))
+        firsts = [r[0]["ts"] for r in rows.values() if r]
+        t0 = min(firsts) if firsts else start
+        width, n = _buckets(t0, end, points)
     else:
+        # each bucket's largest minute values, taken in the database
         pcie_cols = tuple(f"{c}_p95" for c in _PCIE)
-        rows = store.rollup_series_many(ids, start, end, ("memory_used_bytes_max", *pcie_cols))
         mem_col = "memory_used_bytes_max"
-    firsts = [r[0]["ts"] for r in rows.values() if r]
-    t0 = min(firsts) if firsts else start
-    width, n = _buckets(t0, end, points)
+        t0, width, maxima = store.rollup_bucket_maxima(ids, start, end, (mem_col, *pcie_cols), points)
+        n = points
+        rows = {g: [{"ts": t0 + i * width, **m} for i, m in enumerate(ms)] for g, ms in maxima.items()}
     out: list[GpuTrend] = []
     for g in gpus:
         mem: list[list[float]] = [[] for _ in range(n)]
         tx: list[list[float]] = [[] for _ in range(n)]
         rx: list[list[float]] = [[] for _ in range(n)]
         for r in rows[g.id]:
-            i = min(int((r["ts"] - t0) / width), n - 1)
+            i = min(int((r["ts"] - t0) / width), n - 1) if raw else int(round((r["ts"] - t0) / width))
             if r[mem_col] is not None:
                 mem[i].append(r[mem_col])
             if r[pcie_cols[0]] is not None:

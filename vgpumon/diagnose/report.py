@@ -222,6 +222,7 @@ def build_report(
     from vgpumon.config.thresholds import Thresholds
     from vgpumon.diagnose import context
     from vgpumon.diagnose.gpus import LAST_COLUMNS, WINDOW_COLUMNS, gpu_block, health
+    from vgpumon.diagnose.windows import window_aggregates
 
     now = time.time() if now is None else now
     th = thresholds or Thresholds()
@@ -337,7 +338,8 @@ def build_report(
     topology = store.topology(hostname)
     # one window query for all GPUs: a tick's rows share pages, so per-GPU queries would read
     # every page once per GPU (docs/benchmarks.md, store section)
-    aggs = rollup_aggregates(store, ids, start, end, WINDOW_COLUMNS) if from_rollups else store.window_aggregates_many(ids, start, end, WINDOW_COLUMNS)
+    # a long window reads its whole minutes from the rollups (vgpumon.diagnose.windows)
+    aggs = rollup_aggregates(store, ids, start, end, WINDOW_COLUMNS) if from_rollups else window_aggregates(store, ids, start, end, WINDOW_COLUMNS)
     if from_rollups:
         findings.append(own(
             "info", "the raw samples of this window have expired (raw retention); its figures are from the 1-minute rollups, "

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import cast
 
-from sqlalchemy import BigInteger, and_, bindparam, case, func, select, type_coerce
+from sqlalchemy import BigInteger, and_, bindparam, case, func, literal_column, select, type_coerce
 from sqlalchemy.exc import SQLAlchemyError
 
 from vgpumon.store.core import StoreBase
@@ -313,6 +313,45 @@ class SeriesReads(StoreBase):
         for r in rows:
             out[r[0]].append(dict(zip(names, r[1:])))
         return out
+
+    def rollup_bucket_maxima(
+        self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str], points: int
+    ) -> tuple[float, float, dict[int, list[dict[str, float | None]]]]:
+        """The largest minute value of each of ``columns`` in ``points`` equal buckets per GPU,
+        taken inside the database (``diagnose``'s trends over days: 8 × ``points`` rows, not one
+        row per GPU and minute).
+
+        The buckets span from the first minute of any of the GPUs in ``start <= ts <= end`` to
+        ``end``; a minute belongs to the bucket its start falls in (the last bucket takes ``end``).
+
+        Returns:
+            ``(t0, width, by_gpu)``: the first bucket's start and the buckets' width (seconds),
+            and ``gpu_id`` → ``points`` dicts of column → maximum (``None`` for an empty bucket);
+            every GPU of ``gpu_ids`` is a key. Without any minute, ``t0`` is ``start``.
+        """
+        c = _ROLLUPS.c
+        ids = list(gpu_ids)
+        where = and_(c.gpu_id.in_(ids), c.ts >= start, c.ts <= end)
+        try:
+            with self.engine.connect() as conn:
+                first_ms = conn.scalar(select(func.min(type_coerce(c.ts, BigInteger))).where(where)) if ids else None
+                t0_ms = int(first_ms) if first_ms is not None else int(round(start * 1000))
+                width_ms = max(1, -(-(int(round(end * 1000)) - t0_ms) // points))  # whole ms, rounded up
+                # whole-number literals (ours, not input): one expression for SELECT and GROUP BY on Postgres
+                bucket = (type_coerce(c.ts, BigInteger) - literal_column(str(int(t0_ms)), BigInteger)) // literal_column(str(int(width_ms)), BigInteger)
+                rows = conn.execute(
+                    select(c.gpu_id, bucket.label("b"), *(type_coerce(func.max(c[n]), c[n].type).label(n) for n in columns))
+                    .where(where).group_by(c.gpu_id, bucket)
+                ).all() if first_ms is not None else []
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        out: dict[int, list[dict[str, float | None]]] = {g: [dict.fromkeys(columns) for _ in range(points)] for g in ids}
+        for r in rows:
+            slot = out[r[0]][min(int(r[1]), points - 1)]
+            for n, v in zip(columns, r[2:]):
+                if v is not None and (slot[n] is None or v > slot[n]):
+                    slot[n] = v
+        return t0_ms / 1000, width_ms / 1000, out
 
     def stored_rows(self, gpu_ids: Sequence[int], start: float, end: float, columns: Sequence[str]) -> list[tuple[int, ...]]:
         """Raw rows of ``start <= ts <= end`` as stored: ``(gpu_id, ts in epoch ms, *columns)`` of
