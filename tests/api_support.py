@@ -32,15 +32,16 @@ class ServingAgent:
         listen: the exporter's listen address (port 0: a free one).
         api: the API's settings.
         hostname: the host's name in the store.
+        exporter: more ``ExporterConfig`` settings (the HTTP door's limits).
         agent_kw: more ``Agent`` arguments (``vllm=…``, ``sysfs_root=…``).
     """
 
     def __init__(self, url: str, backend: Any, *, listen: str = "127.0.0.1:0", api: ApiConfig | None = None,
-                 hostname: str = "h200-agent", **agent_kw: Any) -> None:
+                 hostname: str = "h200-agent", exporter: dict[str, Any] | None = None, **agent_kw: Any) -> None:
         if listen.endswith(":0"):  # --listen takes ports 1-65535: pick a free one
             listen = f"{listen[:-2]}:{free_port()}"
         self.url, self.backend, self.listen, self.api = url, backend, listen, api or ApiConfig()
-        self.hostname, self.agent_kw = hostname, agent_kw
+        self.hostname, self.agent_kw, self.exporter = hostname, agent_kw, exporter or {}
         self.port: int | None = None
         self.agent: Agent | None = None
         self._ready = threading.Event()
@@ -80,7 +81,7 @@ class ServingAgent:
         rules = RuleRunner(Engine(self.api.thresholds), sinks=[], wall=None)
         self.agent = Agent(NvmlSource(self.backend), store, hostname=self.hostname, rules=rules, **{"paced": False, **self.agent_kw})
         try:
-            async with serving(self.agent, ExporterConfig(listen=self.listen), rules=rules, api=self.api) as server:
+            async with serving(self.agent, ExporterConfig(listen=self.listen, **self.exporter), rules=rules, api=self.api) as server:
                 assert server is not None, "the test server could not listen"
                 self.port = server.port
                 await self.agent.run()

@@ -55,6 +55,9 @@ class ExporterPlan(TypedDict):
     kubelet_socket: str | None
     otlp_url: str | None
     otlp_interval: float
+    header_timeout: float
+    keepalive_timeout: float
+    max_connections: int
 
 
 #: A value of ``[rules.thresholds]`` as the settings file gave it: a number, a duration string,

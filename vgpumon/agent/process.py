@@ -101,6 +101,8 @@ def make_plan(
         "exporter": {
             "listen": ex.listen, "metrics_file": None if ex.metrics_file is None else str(ex.metrics_file),
             "kubelet_socket": ex.kubelet_socket, "otlp_url": ex.otlp_url, "otlp_interval": ex.otlp_interval,
+            "header_timeout": ex.header_timeout, "keepalive_timeout": ex.keepalive_timeout,
+            "max_connections": ex.max_connections,
         },
         "rules": {"enabled": r.enabled, "thresholds": dict(r.thresholds), "webhooks": list(r.webhooks), "alertmanagers": list(r.alertmanagers)},
         "api": {
@@ -180,7 +182,8 @@ def run(plan: Plan) -> int:
 
     a, st, ex, rp = plan["agent"], plan["store"], plan["exporter"], plan["run"]
     replay = rp["replay"]
-    exporter = exporter_config(ex["listen"], ex["metrics_file"])
+    exporter = exporter_config(ex["listen"], ex["metrics_file"], header_timeout=ex["header_timeout"],
+                               keepalive_timeout=ex["keepalive_timeout"], max_connections=ex["max_connections"])
     # a replay runs on one clock (docs/exporter.md, "Replays on one clock"): at the recorded
     # pace the wall clock (its first tick lands now) unless --replay-clock capture, as fast as
     # possible the capture's
@@ -305,8 +308,9 @@ def _echo_err(line: str) -> None:
     print(mask_secrets(line), file=sys.stderr, flush=True)
 
 
-def exporter_config(listen: str, metrics_file: str | None) -> ExporterConfig:
-    """The exporter's settings (``listen`` may be ``off``). A selection file that cannot be used is a usage error (64) before anything is sampled or stored.
+def exporter_config(listen: str, metrics_file: str | None, *, header_timeout: float, keepalive_timeout: float,
+                    max_connections: int) -> ExporterConfig:
+    """The exporter's settings (``listen`` may be ``off``; the last three: its connection limits). A selection file that cannot be used is a usage error (64) before anything is sampled or stored.
 
     Raises:
         ConfigFileError: the metric selection file is missing, unreadable, malformed or selects
@@ -324,7 +328,8 @@ def exporter_config(listen: str, metrics_file: str | None) -> ExporterConfig:
             read_selection(path)
         except SelectionError as exc:
             raise ConfigFileError(f"--metrics-file: {exc}") from None
-    return ExporterConfig(listen=listen, metrics_file=path)
+    return ExporterConfig(listen=listen, metrics_file=path, header_timeout=header_timeout,
+                          keepalive_timeout=keepalive_timeout, max_connections=max_connections)
 
 
 def api_config(plan: Plan) -> ApiConfig:

@@ -21,6 +21,14 @@ DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 #: A GPU whose newest reading is older than this many tick intervals is not served as fresh.
 STALE_AFTER_INTERVALS = 3.0
+#: Seconds a connection has from its accept (or from a later request's first byte) to the end of
+#: its request's headers; a request body is drained for at most this long after the answer.
+HEADER_TIMEOUT = 10.0
+#: Seconds an idle keep-alive connection is kept: above Prometheus' default scrape interval (1 m),
+#: so that a scrape reuses its connection.
+KEEPALIVE_TIMEOUT = 75.0
+#: Connections open at once; one more sheds the oldest that waits for a request (else is closed).
+MAX_CONNECTIONS = 64
 
 _LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})$")
 
@@ -67,11 +75,19 @@ class ExporterConfig:
             serves every family of the catalogue.
         stale_after_intervals: a GPU whose newest reading is older than this many tick intervals
             is served as down, without readings.
+        header_timeout: seconds from a connection's accept (or a later request's first byte) to
+            the end of the request's headers; then the connection is closed (docs/security.md).
+        keepalive_timeout: seconds an idle keep-alive connection is kept open.
+        max_connections: connections open at once; the next one closes the oldest connection
+            that waits for a request, or itself when every one is being answered.
     """
 
     listen: str = DEFAULT_LISTEN
     metrics_file: Path | None = None
     stale_after_intervals: float = STALE_AFTER_INTERVALS
+    header_timeout: float = HEADER_TIMEOUT
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
 
     @property
     def address(self) -> tuple[str, int] | None:

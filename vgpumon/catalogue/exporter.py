@@ -187,4 +187,9 @@ AGENT: tuple[Field, ...] = (
     _count("dead_letters_total", "counter",
            "Rows the store refused for what they hold, set aside in the dead-letter file beside the spool "
            "instead of stored, since the agent started.", "AgentStats.dead_letters", "dead letters"),
+    _count("http_connections_closed_total", "counter",
+           "Connections the agent's HTTP server closed unanswered since the agent started (label reason: "
+           "limit, max_connections were open; header_deadline, a request's headers not complete within "
+           "header_timeout; idle, a keep-alive connection unused for keepalive_timeout).",
+           "the HTTP server's door (vgpumon.exporter.server)", "HTTP connections closed"),
 )

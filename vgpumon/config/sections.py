@@ -169,6 +169,19 @@ class ExporterSettings(_Section):
         "headers from OTEL_EXPORTER_OTLP_HEADERS); needs the otlp extra",
     )
     otlp_interval: Annotated[float, _duration(1, 3600)] = Field(default=15.0, description="time between OTLP pushes")
+    header_timeout: Annotated[float, _duration(1, 600)] = Field(
+        default=10.0,
+        description="a connection to /metrics and the API has this long from its accept (or a later request's "
+        "first byte) to the end of its request's headers, then it is closed",
+    )
+    keepalive_timeout: Annotated[float, _duration(1, 3600)] = Field(
+        default=75.0, description="an idle keep-alive connection is closed after this long"
+    )
+    max_connections: int = Field(
+        default=64, ge=1, le=10000,
+        description="connections open at once; one more closes the oldest waiting for a request, "
+        "or itself when every one is being answered",
+    )
 
 
 class ApiSettings(_Section):

@@ -57,6 +57,8 @@ from vgpumon.exporter.plans import (
     HOLDER,
     HOLDERS,
     HOST,
+    HTTP_CLOSE_REASONS,
+    HTTP_CLOSED,
     IDENTITY,
     INFO_LABELS,
     PROCESS,
@@ -182,6 +184,8 @@ class MetricsExporter(VllmSeries, Collector):
         self._slow: dict[str, dict[str, float]] = {}  # per GPU, its newest slow-set values
         self._labels: dict[tuple[Hashable, ...], Labels] = {}
         self._host_labels = Labels((("hostname", hostname),))
+        #: connections the HTTP server closed unanswered, by reason (``MetricsServer``'s door)
+        self.http_closed: dict[str, int] = dict.fromkeys(HTTP_CLOSE_REASONS, 0)
 
     @classmethod
     def for_agent(
@@ -473,6 +477,9 @@ class MetricsExporter(VllmSeries, Collector):
             fam.add(base.plus("where", "memory"), float(self.backlog.memory_rows))
         if self.backlog is not None and (fam := fams.get(ROWS_FOLDED)) is not None:
             fam.add(base, float(self.backlog.folded_rows))
+        if (fam := fams.get(HTTP_CLOSED)) is not None:
+            for reason, count in self.http_closed.items():
+                fam.add(base.plus("reason", reason), float(count))
         if self.stats is not None:
             for name, attr in STATS:
                 if (fam := fams.get(name)) is not None:

@@ -92,6 +92,9 @@ ROWS_WRITTEN = _family("agent", "gpu_rows_written_total")
 ROWS_FOLDED = _family("agent", "rows_folded_total")
 OUTAGES = _family("agent", "store_outages_total")
 TICKS = _family("agent", "ticks_total")
+HTTP_CLOSED = _family("agent", "http_connections_closed_total")
+#: the reasons ``HTTP_CLOSED`` is served with, each from 0
+HTTP_CLOSE_REASONS = ("limit", "header_deadline", "idle")
 #: (family, AgentStats attribute) of the agent's counters
 STATS = (
     (ROWS_WRITTEN, "rows_written"), (OUTAGES, "outages"), (TICKS, "ticks"),

@@ -13,10 +13,11 @@ default (OpenMetrics off): nothing here needs OpenMetrics (no exemplars, no ``_c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -47,7 +48,71 @@ class _JsonErrors(RequestHandler):
     """aiohttp's connection handler, answering what its parser refuses (and a failure outside
     every handler) in the API's JSON (``{"error": {"status": …, "message": …}}``), logged in one
     line that names the peer and the status only: never the request's bytes, whose headers may
-    hold a token."""
+    hold a token.
+
+    It also holds the door's deadlines (docs/security.md, "The HTTP door"): aiohttp closes a
+    connection that waits for a request past its keep-alive close time, which it sets at accept
+    and after each answer and which no byte received moves. That time is brought forward here to
+    ``header_timeout`` after the accept, and after a later request's first byte, so that headers
+    dribbled a byte at a time hold a connection no longer than that.
+    """
+
+    def __init__(self, manager: web.Server, *, door: "_Door", **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._door = door
+        self._answered = 0  # requests answered on this connection
+        self._begun = False  # bytes received since the last answer (a request under way)
+
+    # -- the door ----------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._door.admit(self._manager):
+            self._manager = None  # never registered: connection_lost has nothing to undo
+            self._door.count("limit")
+            cast(asyncio.Transport, transport).abort()  # at once: no FIN handshake to wait on
+            return
+        super().connection_made(transport)
+        self._deadline(self._loop.time() + self._door.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._request_in_progress and not self._begun and self._answered:
+            # the first byte of a later request: its headers have header_timeout from now
+            self._deadline(self._loop.time() + self._door.header_timeout)
+        self._begun = True
+        super().data_received(data)
+
+    def _deadline(self, when: float) -> None:
+        """Close this connection at ``when`` unless a request is being answered by then."""
+        if when >= self._next_keepalive_close_time and self._keepalive_handle is not None:
+            return
+        self._next_keepalive_close_time = when
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
+        self._keepalive_handle = self._loop.call_at(when, self._process_keepalive)
+
+    def _process_keepalive(self) -> None:
+        was_closed = self._force_close
+        super()._process_keepalive()
+        if self._force_close and not was_closed:
+            self._door.count("idle" if self._answered and not self._begun else "header_deadline")
+
+    def held(self) -> bool:
+        """True until this side closes the connection."""
+        return not self._force_close
+
+    def waiting(self) -> bool:
+        """True while no request is being answered: the connection may be closed to make room."""
+        return not self._request_in_progress and not self._force_close
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._answered += 1
+            self._begun = False
+
+    # -- parser refusals ---------------------------------------------------------------------------
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -65,17 +130,57 @@ class _JsonErrors(RequestHandler):
         return resp
 
 
+class _Door:
+    """The server's limits on connections (``ExporterConfig``) and what they closed, counted in
+    ``closed`` (``vgpumon_agent_http_connections_closed_total{reason}``).
+
+    aiohttp has no cap on connections (nor asyncio's ``create_server``): ``admit`` is ours. At the
+    cap, the oldest connection that waits for a request (dribbling its headers, or idle between
+    scrapes) is closed to make room, so that a client holding every slot cannot keep a scrape
+    out; only when every connection is being answered is the new one closed at once.
+    """
+
+    def __init__(self, config: ExporterConfig, closed: dict[str, int]) -> None:
+        self.header_timeout = config.header_timeout
+        self.max_connections = config.max_connections
+        self.closed = closed
+
+    def count(self, reason: str) -> None:
+        self.closed[reason] = self.closed.get(reason, 0) + 1
+
+    def admit(self, manager: web.Server | None) -> bool:
+        if manager is None:
+            return False
+        # oldest first (a dict's order); one closed here stays listed until its transport reports it
+        held = [c for c in manager.connections if not isinstance(c, _JsonErrors) or c.held()]
+        if len(held) < self.max_connections:
+            return True
+        for conn in held:
+            if isinstance(conn, _JsonErrors) and conn.waiting():
+                self.count("limit")
+                conn.force_close()  # leaves ``connections`` when its transport reports the close
+                return True
+        return False
+
+
 class _Server(web.Server):
+    door: _Door
+
     def __call__(self) -> RequestHandler:
-        return _JsonErrors(self, loop=self._loop, **self._kwargs)
+        return _JsonErrors(self, loop=self._loop, door=self.door, **self._kwargs)
 
 
 class _Runner(web.AppRunner):
     """``web.AppRunner`` whose connections are ``_JsonErrors`` (aiohttp takes no handler class)."""
 
+    def __init__(self, app: web.Application, door: _Door, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._door = door
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same object, its connections made by ``_Server.__call__``
+        server.door = self._door  # type: ignore[attr-defined]
         return server
 
 
@@ -139,7 +244,14 @@ class MetricsServer:
         Raises:
             OSError: the address cannot be bound (in use, not local, no permission).
         """
-        runner = _Runner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        config = self.exporter.config
+        door = _Door(config, self.exporter.http_closed)
+        # aiohttp's own limits: the keep-alive timeout (its close time, brought forward by the
+        # door), a body drained after the answer for at most header_timeout (the API reads none),
+        # its parser's bounds on the request line and headers (431 past them)
+        runner = _Runner(self.app, door, handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                         keepalive_timeout=config.keepalive_timeout, lingering_time=config.header_timeout,
+                         max_line_size=8190, max_field_size=8190, max_headers=128)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:
