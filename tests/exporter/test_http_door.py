@@ -196,3 +196,15 @@ def test_at_the_cap_the_oldest_waiting_connection_makes_room_and_else_the_new_on
     assert closed == {"limit": 1}
     assert not door.admit(mock.Mock(connections=[busy, conn(False), conn(False)]))  # every one answering
     assert not door.admit(None)
+
+
+def test_an_aiohttp_without_the_door_hooks_still_serves_and_says_so(tmp_path, monkeypatch, caplog):
+    """The door works through private parts of aiohttp's connection handler: an aiohttp without
+    them (another version) serves the scrape as before, and the agent says the limits are off."""
+    from vgpumon.exporter import server
+
+    monkeypatch.setattr(server, "_DOOR_HOOKS", False)
+    with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE)) as agent:
+        status, _, body = get(f"{agent.base}/metrics")
+    assert status == 200 and "vgpumon_agent_http_connections_closed_total" in body
+    assert any("no header deadline and no connection cap" in r.getMessage() for r in caplog.records)

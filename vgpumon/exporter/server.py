@@ -44,6 +44,12 @@ _PARSER_REFUSALS = {
 }
 
 
+#: The private parts of aiohttp's connection handler the door works through (aiohttp 3.10-3.14):
+#: an aiohttp without them serves without the door's deadline and cap, and says so at start.
+_DOOR_HOOKS = {"_next_keepalive_close_time", "_keepalive_handle", "_request_in_progress", "_force_close"} <= set(
+    getattr(RequestHandler, "__slots__", ())) and hasattr(RequestHandler, "_process_keepalive")
+
+
 class _JsonErrors(RequestHandler):
     """aiohttp's connection handler, answering what its parser refuses (and a failure outside
     every handler) in the API's JSON (``{"error": {"status": …, "message": …}}``), logged in one
@@ -57,7 +63,7 @@ class _JsonErrors(RequestHandler):
     dribbled a byte at a time hold a connection no longer than that.
     """
 
-    def __init__(self, manager: web.Server, *, door: "_Door", **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, door: "_Door | None", **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._door = door
         self._answered = 0  # requests answered on this connection
@@ -66,6 +72,9 @@ class _JsonErrors(RequestHandler):
     # -- the door ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._door is None:
+            super().connection_made(transport)
+            return
         if not self._door.admit(self._manager):
             self._manager = None  # never registered: connection_lost has nothing to undo
             self._door.count("limit")
@@ -75,7 +84,7 @@ class _JsonErrors(RequestHandler):
         self._deadline(self._loop.time() + self._door.header_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if not self._request_in_progress and not self._begun and self._answered:
+        if self._door is not None and not self._request_in_progress and not self._begun and self._answered:
             # the first byte of a later request: its headers have header_timeout from now
             self._deadline(self._loop.time() + self._door.header_timeout)
         self._begun = True
@@ -93,7 +102,7 @@ class _JsonErrors(RequestHandler):
     def _process_keepalive(self) -> None:
         was_closed = self._force_close
         super()._process_keepalive()
-        if self._force_close and not was_closed:
+        if self._door is not None and self._force_close and not was_closed:
             self._door.count("idle" if self._answered and not self._begun else "header_deadline")
 
     def held(self) -> bool:
@@ -164,7 +173,7 @@ class _Door:
 
 
 class _Server(web.Server):
-    door: _Door
+    door: _Door | None
 
     def __call__(self) -> RequestHandler:
         return _JsonErrors(self, loop=self._loop, door=self.door, **self._kwargs)
@@ -173,7 +182,7 @@ class _Server(web.Server):
 class _Runner(web.AppRunner):
     """``web.AppRunner`` whose connections are ``_JsonErrors`` (aiohttp takes no handler class)."""
 
-    def __init__(self, app: web.Application, door: _Door, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, door: _Door | None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._door = door
 
@@ -245,7 +254,12 @@ class MetricsServer:
             OSError: the address cannot be bound (in use, not local, no permission).
         """
         config = self.exporter.config
-        door = _Door(config, self.exporter.http_closed)
+        door = _Door(config, self.exporter.http_closed) if _DOOR_HOOKS else None
+        if door is None:
+            import aiohttp
+
+            log.warning("aiohttp %s lacks the connection hooks the HTTP door uses: no header deadline and no connection cap "
+                        "(docs/security.md, \"The HTTP door\")", aiohttp.__version__)
         # aiohttp's own limits: the keep-alive timeout (its close time, brought forward by the
         # door), a body drained after the answer for at most header_timeout (the API reads none),
         # its parser's bounds on the request line and headers (431 past them)
