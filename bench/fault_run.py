@@ -6,7 +6,8 @@ ticks a second at its recorded pace) into a private Postgres server, with its sp
 of 256 KiB, and scrapes a vLLM server (the fake one, serving a real vLLM 0.32 exposition). While
 it runs:
 
-* Postgres stops three times: a fast stop of 3 s; a crash-like immediate stop of 12 s, long
+* Postgres stops three times: a fast stop of 3 s; a crash of 12 s (every Postgres process
+  SIGKILLed: no shutdown checkpoint, WAL recovery at the restart), long
   enough for the spool's disk to fill (the agent then holds the rows in memory; past its bound it
   would fold the oldest whole minutes into rollups, which ticks ten a second over one minute of
   capture time never reach); and a fast stop during which the agent is killed (below);
@@ -205,7 +206,7 @@ def postgres_part(tmp: Path, log: Path) -> dict[str, Any]:
             (6, lambda: pg.stop("fast"), "Postgres fast stop"),
             (9, pg.start, "Postgres started"),
             (12, lambda: vllm.at("garbage"), "vLLM answers garbage"),
-            (14, lambda: pg.stop("immediate"), "Postgres immediate stop (12 s: the spool's disk fills, memory holds the rest)"),
+            (14, pg.kill, "Postgres SIGKILLed, every process (12 s: the spool's disk fills, memory holds the rest)"),
             (20, lambda: vllm.at("overflow"), "vLLM sends an overflowing value"),
             (26, pg.start, "Postgres started"),
             (28, lambda: vllm.at("healthy"), "vLLM healthy again"),

@@ -4,6 +4,7 @@ with the machine's own ``initdb``/``pg_ctl``, on a free port, in a temporary dir
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,6 +62,19 @@ class PrivatePostgres:
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def kill(self) -> None:
+        """SIGKILL every process of the server at once (an OOM killer, a crashed host): no
+        shutdown checkpoint, no goodbye to clients; the next ``start`` recovers from the WAL."""
+        pids = self.processes()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in pids):
+            if time.monotonic() > deadline:
+                raise TimeoutError("Postgres processes still alive 30 s after SIGKILL")
+            time.sleep(0.05)
 
     def destroy(self) -> None:
         try:
@@ -142,3 +157,14 @@ def run_beside(agent: Any, script: Callable[[], None], timeout: float = 120.0) -
     assert finished.wait(timeout), "the agent did not stop"
     if failure:
         raise failure[0]
+
+
+def _state(pid: int) -> str:
+    """The process's state as /proc/PID/status names it ("" once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.lower()
+    except OSError:
+        return ""
+    return ""
