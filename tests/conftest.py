@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +32,19 @@ GOLDEN = Path(__file__).parent / "golden"
 H200_CAPTURE = DATA / "h200-workload.jsonl.gz"
 H200_PHASES = json.loads((DATA / "h200-workload.phases.json").read_text())
 POSTGRES_ENV = "VGPUMON_TEST_POSTGRES_URL"
+#: The command line as a user types it, in this interpreter.
+VGPUMON = [sys.executable, "-m", "vgpumon"]
+
+
+def vgpumon(*args: str, env: dict[str, str] | None = None, clean: bool = False, timeout: float = 120,
+            prefix: list[str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``vgpumon ARGS`` in a new process, its output captured as text. ``env`` is added to this
+    process's environment; ``clean`` first drops every ``VGPUMON_*`` setting of it (the test's
+    Postgres URL stays), as on a machine where none is set; ``prefix`` goes before the command
+    (``runuser -u nobody --``)."""
+    base = {k: v for k, v in os.environ.items() if not (clean and k.startswith("VGPUMON_") and k != POSTGRES_ENV)}
+    return subprocess.run([*(prefix or []), *VGPUMON, *args], capture_output=True, text=True,
+                          env={**base, **(env or {})}, timeout=timeout, cwd=cwd)
 
 # GNU readline, which pytest loads, exports COLUMNS=80 and LINES into this process's own
 # environment (not os.environ), and every child inherits them: reports piped from a child would
@@ -220,7 +235,6 @@ def has_vgpumon_handlers(pid: int) -> bool:
         return False
     caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
     return bool(caught & (1 << (signal.SIGALRM - 1)))
-
 
 
 def nvml_present() -> bool:

@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import H200_CAPTURE, stored_ticks, wait_for
+from conftest import H200_CAPTURE, VGPUMON, stored_ticks, wait_for
 
 from vgpumon.testing.vllm import free_port
 
 pytestmark = pytest.mark.slow  # starts an agent process: not in the quick subset (docs/testing.md)
-
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 
 
 def test_the_first_tick_is_in_the_store_and_the_api_diagnose_reports_it(tmp_path: Path):

@@ -6,12 +6,9 @@ saturates its Gen5 switches; the review's HTML has its plots, or says which extr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import DATA, KEEP_ALL
+from conftest import DATA, KEEP_ALL, vgpumon
 from shape_support import mismatches
 
 from vgpumon.capacity import review
@@ -21,12 +18,10 @@ from vgpumon.testing import capacity, incident, scenarios
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 GEN3_X16 = 8e9 * 128 / 130 * 16 / 8  # FACTS §3: 15.75 GB/s per direction (128b/130b at 8 GT/s, 16 lanes)
 
 
-def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+run = vgpumon
 
 
 def _host(url: str, name: str = "gpu-host-16", **kw) -> None:

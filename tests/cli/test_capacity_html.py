@@ -8,11 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import H200_CAPTURE, KEEP_ALL
+from conftest import H200_CAPTURE, KEEP_ALL, VGPUMON
 from png_support import read_png
 
 pytestmark = [
@@ -20,7 +19,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (headless) to render the page"),
 ]
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 PLOT_BG = (229, 236, 246)  # plotly's default plot area
 FIRST_TRACE = (99, 110, 250)  # plotly's first trace colour (GPU 0 TX)
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=10000"]

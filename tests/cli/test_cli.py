@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import H200_CAPTURE, ROOT, nvml_present
+from conftest import H200_CAPTURE, ROOT, nvml_present, vgpumon
 
 from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from vgpumon.sources.nvml.capture import read_capture
@@ -15,13 +13,8 @@ from vgpumon.testing import scenarios
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 
-
-def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, env=env, timeout=120)
-
-
+run = vgpumon
 
 
 @pytest.mark.skipif(nvml_present(), reason="this host has an NVIDIA driver; the no-driver path cannot be shown here")

@@ -9,16 +9,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, VGPUMON
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 SECRET = "s3cret-pw"
 LONG_HOST = "h" * 300
 

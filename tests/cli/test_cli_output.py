@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, VGPUMON
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
-
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, H200_CAPTURE, POSTGRES_ENV, _reset_postgres, has_vgpumon_handlers, wait_for
+from conftest import DATA, H200_CAPTURE, POSTGRES_ENV, VGPUMON, _reset_postgres, has_vgpumon_handlers, vgpumon, wait_for
 from sqlalchemy import text
 
 from vgpumon.store.engine import make_engine
@@ -27,15 +27,13 @@ from vgpumon.store.migrate import head_revision, upgrade
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 #: The console script users run (signal tests use it: `python -m` adds runpy's own frames).
 SCRIPT = shutil.which("vgpumon", path=str(Path(sys.executable).parent)) or shutil.which("vgpumon")
 IDLE_CAPTURE = DATA / "h200-idle-full.jsonl.gz"
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 120, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_") or k == POSTGRES_ENV}
-    return subprocess.run((prefix or []) + VGPUMON + list(args), capture_output=True, text=True, env={**base, **(env or {})}, timeout=timeout)
+    return vgpumon(*args, env=env, clean=True, timeout=timeout, prefix=prefix)
 
 
 def replay(url: str, host: str, capture: Path = H200_CAPTURE) -> None:

@@ -6,30 +6,22 @@ on any later day)."""
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, H200_CAPTURE, stored_ticks
+from conftest import DATA, H200_CAPTURE, stored_ticks, vgpumon
 
 from vgpumon.sources.nvml.capture import ReplayBackend, capture_end
 
 pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}, **extra}
-
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, env=_env(**env), timeout=300)
+    return vgpumon(*args, env=env, clean=True, timeout=300)
 
 
 def _replay_prune_diagnose(tmp_path: Path, *shift: str) -> tuple[subprocess.CompletedProcess[str], int]:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, H200_CAPTURE, KEEP_ALL
+from conftest import DATA, H200_CAPTURE, KEEP_ALL, vgpumon
 from shape_support import mismatches
 
 from vgpumon.catalogue.gpu import XID_NAMES
@@ -28,14 +26,10 @@ from vgpumon.testing.vllm import free_port
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 HOST = "gpu-host-17"
 
 
-def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-
-    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+run = vgpumon
 
 
 def _replay(url: str, tmp_path: Path, header: dict, ticks, *, sysfs: bool = True) -> None:

@@ -11,17 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import H200_CAPTURE, ROOT
+from conftest import H200_CAPTURE, ROOT, VGPUMON, vgpumon
 
 pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
-
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("VGPUMON_")}
-    base["XDG_CONFIG_HOME"] = str(cwd / "no-config-home")
-    return subprocess.run(VGPUMON + args, capture_output=True, text=True, cwd=cwd, env={**base, **env}, timeout=120)
+    return vgpumon(*args, cwd=cwd, clean=True, env={"XDG_CONFIG_HOME": str(cwd / "no-config-home"), **env})
 
 
 def _files(d: Path) -> list[str]:

@@ -8,11 +8,9 @@ rather than UNKNOWN, and none of them is among the rules that could not judge.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import H200_CAPTURE
+from conftest import H200_CAPTURE, vgpumon
 
 from vgpumon.sources.nvml.backend import NVML_ERROR_NOT_SUPPORTED
 from vgpumon.sources.nvml.capture import read_capture
@@ -20,14 +18,12 @@ from vgpumon.testing import scenarios
 
 pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 #: the rules that cannot apply to such a board, one GPU alone on its host
 NOT_APPLICABLE = {"GpuStuck", "GpuMemoryHeldIdle", "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending",
                   "GpuRemappedRowsHigh", "GpuStraggler"}
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(VGPUMON + list(args), capture_output=True, text=True, timeout=120)
+run = vgpumon
 
 
 def test_a_board_without_gpm_or_ecc_says_not_applicable_not_cannot_judge(tmp_path):

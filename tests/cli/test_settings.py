@@ -11,13 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, VGPUMON
 
 from vgpumon.base.errors import ConfigFileError, UsageError
 from vgpumon.base.masking import MaskingFormatter, mask_secrets
 from vgpumon.config import format_duration, load_settings, parse_duration
-
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA
+from conftest import DATA, VGPUMON
 from typer.testing import CliRunner
 
 from vgpumon.cli import app
@@ -23,7 +23,6 @@ from vgpumon.cli.helptext import reflow
 
 pytestmark = pytest.mark.slow  # starts processes: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 WIDTH = 80
 
 

@@ -8,11 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, nvml_present, wait_for
+from conftest import DATA, VGPUMON, nvml_present, wait_for
 from vllm_support import ServerThread
 
 from vgpumon.testing import incident
@@ -23,7 +22,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the view in a terminal"),
 ]
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 BUSY = DATA / "vllm-real" / "vllm-0.32.0-cpu__busy.txt"
 
 
@@ -116,8 +114,6 @@ def test_top_shows_every_gpu_and_the_vllm_server_at_80_columns_and_quits_on_q(ag
     assert "GPU  SM  util" in screen and "vLLM server" in screen
     terminal.tmux("send-keys", "q")
     wait_for(lambda: "EXITED 0" in terminal.screen(), timeout=30, what="top to quit on q with 0")
-
-
 
 
 def test_top_once_on_an_unreachable_agent_is_one_line_and_exit_69():

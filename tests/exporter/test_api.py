@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from api_support import ServingAgent, get
-from conftest import H200_CAPTURE, H200_PHASES, phase
+from conftest import H200_CAPTURE, H200_PHASES, VGPUMON, phase
 from shape_support import mismatches
 from vllm_support import ServerThread, shared_dir
 
@@ -32,7 +32,6 @@ from vgpumon.testing.vllm import FakeVllmServer
 
 pytestmark = pytest.mark.slow  # starts processes or servers: not in the quick subset (docs/testing.md)
 
-VGPUMON = [sys.executable, "-m", "vgpumon"]
 TOKEN = "k7Qw-3vZ9_secret"
 
 
