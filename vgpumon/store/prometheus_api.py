@@ -31,7 +31,7 @@ MAX_POINTS = 11_000
 #: Label values are at most this long (a host name, a UUID, a bus id, an alert name).
 MAX_LABEL = 255
 
-#: Matrix: ``[(labels, [(ts, value), ...]), ...]``; values are floats (NaN where the API said so).
+#: Matrix: ``[(labels, [(ts, value), ...]), ...]``; values are floats, NaN left out.
 Matrix = list[tuple[dict[str, str], list[tuple[float, float]]]]
 
 
@@ -184,7 +184,7 @@ def _t(ts: float) -> str:
 
 
 def _point(p: Any) -> tuple[float, float] | None:
-    """``[ts, "value"]`` as floats; ``None`` for anything else (skipped, as a malformed line)."""
+    """``[ts, "value"]`` as floats; ``None`` for NaN and anything else (skipped, as a malformed line)."""
     if not isinstance(p, list) or len(p) != 2 or not isinstance(p[1], str) or isinstance(p[0], bool):
         return None
     ts = p[0]
@@ -193,5 +193,7 @@ def _point(p: Any) -> tuple[float, float] | None:
     try:
         value = float(p[1])
     except ValueError:
+        return None
+    if math.isnan(value):  # a staleness marker (VictoriaMetrics returns them in raw samples), or no value
         return None
     return float(ts), value

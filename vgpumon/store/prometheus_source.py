@@ -96,14 +96,22 @@ def hostnames(api: PrometheusApi, now: float, horizon_s: float = HORIZON_S) -> l
 
 def newest_sample(api: PrometheusApi, host: str, now: float, horizon_s: float = HORIZON_S) -> float | None:
     """When the host's newest GPU sample was scraped (epoch seconds), or ``None`` when it has none
-    in the horizon before ``now``."""
-    for expr in (f"max(timestamp({_sel(_UP or '', host)}))",
-                 f"max(max_over_time(timestamp({_sel(_UP or '', host)})[{int(horizon_s)}s:1m]))"):
-        res = api.instant(expr, now)
-        values = [v for _, pts in res for _, v in pts if math.isfinite(v) and 0 < v <= now + 300]
-        if values:
-            return max(values)
-    return None
+    in the horizon before ``now``.
+
+    Range functions, not ``timestamp()``: an instant lookup finds nothing past the staleness
+    marker a failed scrape writes, and a dead agent's newest sample is what the report is for.
+    First the newest of 1 000 slices of the horizon that holds a sample, then its raw samples."""
+    sel = _sel(_UP or "", host)
+    width = int(math.ceil(horizon_s / 1000))
+    # one step past ``now``: an engine that aligns the steps to multiples of the step
+    # (VictoriaMetrics) still has one at or after the newest sample
+    slices = api.range(f"count_over_time({sel}[{width}s])", now - 1000 * width, now + width, width)
+    held = [ts for _, pts in slices for ts, v in pts if v > 0]
+    if not held:
+        return None
+    samples = api.instant(f"{sel}[{width}s]", min(max(held), now))
+    newest = [ts for _, pts in samples for ts, _ in pts if ts <= now + 300]
+    return max(newest) if newest else None
 
 
 def hydrate(store: Store, api: PrometheusApi, host: str, start: float, end: float) -> Hydrated:
