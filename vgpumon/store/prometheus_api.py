@@ -125,7 +125,7 @@ class PrometheusApi:
     def _read(self, r: Any) -> bytes:
         body = r.read(self.max_bytes + 1)
         if len(body) > self.max_bytes:
-            raise PrometheusUnavailableError(f"Prometheus at {self.where} answered more than {self.max_bytes // 2**20} MiB: "
+            raise PrometheusUnavailableError(f"Prometheus at {self.where} answered more than {self.max_bytes / 2**20:.3g} MiB: "
                                              "ask for a shorter window")
         return bytes(body)
 
