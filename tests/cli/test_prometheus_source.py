@@ -171,9 +171,14 @@ def _differences(store: dict, other: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["prometheus", "victoriametrics"])
 def test_diagnose_from_the_api_tells_the_stores_story(engines, engine):
+    t0 = time.monotonic()
     store = _diagnose("--db", engines["store"])
+    t1 = time.monotonic()
     other = _diagnose("--prometheus", engines[engine])
+    t2 = time.monotonic()
     diffs = _differences(store, other)
+    print(f"\n{engine}: diagnose --db {t1 - t0:.1f} s, --prometheus {t2 - t1:.1f} s ({other['prometheus']['requests']} requests), "
+          "command start-up included")
     print(f"\n{engine}: {len(diffs)} differences beyond the tolerances (means {MEAN_TOLERANCE:.0%}, maxima {MAX_TOLERANCE:.0%}):")
     for line in diffs:
         print("  " + line)
