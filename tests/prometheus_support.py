@@ -1,5 +1,6 @@
 """Where the real Prometheus tools are: Debian's ``prometheus`` package (2.42) installs
-``/usr/bin/prometheus`` and ``/usr/bin/promtool``. A machine without them skips the tests that need
+``/usr/bin/prometheus`` and ``/usr/bin/promtool``, its ``victoria-metrics`` package
+``/usr/bin/victoria-metrics``. A machine without them skips the tests that need
 them, unless ``VGPUMON_REQUIRE_PROMETHEUS`` is set (``.ci/run`` sets it): there a missing tool is a
 failure, so CI can never pass by skipping."""
 

@@ -143,7 +143,15 @@ class HostReview(TypedDict):
     note: str | None
 
 
-class Review(TypedDict):
+class ReviewSource(TypedDict):
+    """Where ``capacity --prometheus`` read the history, and what that source cannot say."""
+
+    kind: str  # prometheus
+    where: str
+    notes: list[str]
+
+
+class _Review(TypedDict):
     """The review of several hosts."""
 
     window_seconds: float
@@ -151,3 +159,9 @@ class Review(TypedDict):
     saturation_ratio: float
     hosts: list[HostReview]
     unknown_hosts: list[str]  # asked for, not in the store
+
+
+class Review(_Review, total=False):
+    """The review of several hosts; ``source`` only from ``--prometheus``."""
+
+    source: ReviewSource

@@ -14,6 +14,7 @@ from vgpumon.base.errors import StoreUnavailableError
 from vgpumon.base.masking import mask_secrets
 from vgpumon.cli.options import DbOption, _settings, _store_kwargs
 from vgpumon.cli.outcomes import _echo_err, _silence_stdout
+from vgpumon.cli.prometheus import PrometheusOption, exclusive
 
 if TYPE_CHECKING:
     from vgpumon.config import Settings
@@ -75,6 +76,7 @@ def diagnose(
         ),
     ],
     db: DbOption = None,
+    prometheus: PrometheusOption = None,
     window: Annotated[
         Optional[str], typer.Option(help="Window ending at the host's newest stored sample: 15m, 1h, 900s (default 15m; setting diagnose.window).")
     ] = None,
@@ -115,8 +117,10 @@ def diagnose(
     Examples:\n
       vgpumon diagnose gpu-host-17\n
       vgpumon diagnose gpu-host-17 --db postgresql+psycopg://db/fleet --max-age 2m\n
-      vgpumon diagnose localhost --since 6h --stacks
+      vgpumon diagnose localhost --since 6h --stacks\n
+      vgpumon diagnose gpu-host-17 --prometheus http://prometheus:9090
     """
+    exclusive(db, prometheus)
     settings = _settings(
         ctx,
         {
@@ -130,7 +134,15 @@ def diagnose(
     from vgpumon.diagnose.render import console, print_diagnose
 
     name, port, _ = _target(host, settings.diagnose.port)
-    asked = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
+    asked: "Report | str | None"
+    if prometheus is not None:
+        from vgpumon.cli.prometheus import report_from_prometheus
+
+        asked = report_from_prometheus(settings, prometheus, name, since)
+        if stacks:
+            asked["stacks_note"] = "--stacks needs the host's agent; this report came from Prometheus"
+    else:
+        asked = None if db is not None else _report_from_agent(settings, name, port, since, stacks)
     if asked is None or isinstance(asked, str):  # --db, or the agent is unreachable (``asked`` says why)
         # a store that cannot answer is the UNKNOWN report's own first line: a second copy on
         # stderr read as a stray line at a terminal. With --json the reader is a program and the

@@ -461,8 +461,20 @@ class Source(TypedDict):
     """Where ``vgpumon diagnose`` got the report: its agent, its agent refusing (the report is
     the refusal), or the store."""
 
-    kind: Literal["agent", "refused", "store"]
+    kind: Literal["agent", "refused", "store", "prometheus"]
     where: str
+
+
+class PrometheusSource(TypedDict):
+    """How a report from ``--prometheus`` read its series (``vgpumon.store.prometheus_source``)."""
+
+    url: str
+    start: float
+    end: float
+    step_seconds: float | None  # None: every scraped sample was read
+    resolution: str
+    notes: list[str]  # what this source cannot say that a store would
+    requests: int
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -495,5 +507,6 @@ class Report(_Report, total=False):
     newest_sample_age_seconds: float  # a report with data
     store_note: str  # the CLI: how the store was read
     source: Source  # the CLI
-    source_note: str  # the CLI: the agent did not answer, the store did
+    source_note: str  # the CLI: the agent did not answer, the store did; or what --prometheus cannot say
+    prometheus: PrometheusSource  # the CLI: --prometheus
     stacks_note: str  # why there are no stacks (the agent, or the CLI for a store's report)
