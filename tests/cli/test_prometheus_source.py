@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -22,7 +20,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import DATA
+from conftest import DATA, vgpumon
 from prometheus_support import tool
 
 from vgpumon.store import Store
@@ -59,7 +57,7 @@ def _query(base: str, expr: str) -> list:
 
 
 def _vgpumon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vgpumon", *args], capture_output=True, text=True, timeout=300, env=env)
+    return vgpumon(*args, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +306,7 @@ def test_an_answer_that_is_not_the_apis_is_one_line(fake, status, body, says):
 
 def test_the_token_goes_in_the_header_and_never_in_a_message(fake):
     _Fake.status, _Fake.body, _Fake.seen = 401, b"unauthorized", []
-    env = {**os.environ, "VGPUMON_PROMETHEUS_TOKEN": "s3cr3t-t0ken"}
+    env = {"VGPUMON_PROMETHEUS_TOKEN": "s3cr3t-t0ken"}
     out = _vgpumon("diagnose", "gpu-host-17", "--prometheus", fake, env=env)
     _one_line(out, 3, "HTTP 401", "VGPUMON_PROMETHEUS_TOKEN")
     assert "s3cr3t" not in out.stdout + out.stderr
