@@ -1,5 +1,5 @@
 """``diagnose`` on vLLM's serving signals: per server its SLO attainment, prefix-cache hits,
-preemptions and speculative-decoding acceptance; and the share of a saturated GPU's PCIe traffic
+preemptions, speculative-decoding acceptance and LMCache's hit ratios and cache; and the share of a saturated GPU's PCIe traffic
 that KV offload moved. The vLLM source polls fake servers serving the recorded vLLM 0.32 scrapes
 (idle, then busy) and the vLLM 0.33 KV-offload expositions (tests/data/vllm-0.33-kv-offload); the
 GPU rows are the recorded H200 copy phase, which saturates its Gen5 x16 link."""
@@ -36,6 +36,13 @@ OFFLOAD = DATA / "vllm-0.33-kv-offload"
 LOAD_BPS, STORE_BPS = 11.4e9 / 10, 2.4e9 / 10
 
 
+def _lmcache(scrape: str) -> str:
+    """The ``lmcache:`` lines of a derived LMCache scrape (tests/data/vllm-0.32-lmcache): the 0.33
+    server runs LMCache's connector too."""
+    text = (DATA / "vllm-0.32-lmcache" / f"{scrape}.txt").read_text()
+    return "".join(ln for ln in text.splitlines(keepends=True) if "lmcache:" in ln)
+
+
 def _poll(end: float, gpus: tuple[str, ...] = (GPU,)) -> list:
     """Two servers polled twice, 10 s apart, the second poll at ``end``: ``0.32`` serves the
     recorded idle then busy scrapes (no GPU the agent can see), ``0.33`` the KV-offload
@@ -44,7 +51,7 @@ def _poll(end: float, gpus: tuple[str, ...] = (GPU,)) -> list:
     async def go():
         clock = FakeClock(start=end - 10)
         real = FakeVllmServer(port=free_port(), version="0.32.0", models=["tiny"], metrics=(REAL / "vllm-0.32.0-cpu__idle.txt").read_text())
-        kv = FakeVllmServer(port=free_port(), version="0.33.0", models=["tiny"], metrics=(OFFLOAD / "t0.txt").read_text())
+        kv = FakeVllmServer(port=free_port(), version="0.33.0", models=["tiny"], metrics=(OFFLOAD / "t0.txt").read_text() + _lmcache("t0"))
         table = [VllmProcess(pid=pid, create_time=clock.now - 600, host="127.0.0.1", port=srv.port, pids=(pid, pid + 1))
                  for pid, srv in ((4000, real), (4242, kv))]
         src = source(clock, processes=FakeProcessTable(table))
@@ -59,7 +66,7 @@ def _poll(end: float, gpus: tuple[str, ...] = (GPU,)) -> list:
                 if step == 0:
                     clock.now = end
                     real.metrics = (REAL / "vllm-0.32.0-cpu__busy.txt").read_text()
-                    kv.metrics = (OFFLOAD / "t1.txt").read_text()
+                    kv.metrics = (OFFLOAD / "t1.txt").read_text() + _lmcache("t1")
         finally:
             await src.close()
             for srv in (real, kv):
@@ -158,6 +165,13 @@ def test_prefix_cache_preemptions_and_speculative_decoding_lines(report_and_text
     assert kv["signals"]["spec_decode_acceptance_ratio"] == pytest.approx(0.6)
     assert (f"{kv['server']}: over its last 2 polls: prefix-cache hits N/A (no queries); preemptions N/A (not reported); "
             "spec-decode acceptance 60.0 %; KV offload 1.14 GB/s loaded into the GPUs, 0.24 GB/s stored from them (mean)") in text
+    # LMCache (tests/data/vllm-0.32-lmcache): 0.75 of the tokens retrieves asked for, 0.8 found by lookups, 2 GiB per rank
+    assert kv["signals"]["lmcache_retrieve_hit_ratio"] == pytest.approx(0.75)
+    assert kv["signals"]["lmcache_local_cache_usage_bytes"] == 4 * 2**30
+    assert real["signals"]["lmcache_retrieve_hit_ratio"] is None and "LMCache" not in line
+    flat = " ".join(text.split())  # the line wraps at the report's width
+    assert "spec-decode acceptance 60.0 %; KV offload 1.14 GB/s loaded into the GPUs, 0.24 GB/s stored from them (mean); " \
+           "LMCache hits 75.0 %, lookups 80.0 % (mean), local cache 4.00 GiB " in flat
 
 
 def test_capacity_says_what_share_of_a_cards_traffic_kv_offload_moved(offload_url):

@@ -5,7 +5,8 @@ derived from the recorded H200 captures (XIDs, ECC errors, a GPU lost after XID 
 sysfs tree for the PCIe topology) at 4 ticks a second, while the agent polls a scripted vLLM
 server serving a real vLLM 0.32 server's recorded scrapes (refusing, then busy, then its counters
 moving on, then its engine dead) and a second one serving vLLM 0.33's KV-offload and
-speculative-decoding families (tests/data/vllm-0.33-kv-offload), which then hangs. Then every panel's query goes through Prometheus's HTTP API
+speculative-decoding families (tests/data/vllm-0.33-kv-offload) and LMCache's
+(tests/data/vllm-0.32-lmcache), which then hangs. Then every panel's query goes through Prometheus's HTTP API
 with Grafana's variables filled in. A query that errors fails the test; so does one that returns
 no data, unless its panel is listed with its reason in ``dashboards/empty-panels.yml`` — and a
 listed panel that does return data fails it too, so the list stays true. The generated rule
@@ -106,9 +107,17 @@ class ScriptedVllm:
         self.thread.join(10)
 
 
+def _lmcache_lines(scrape: str) -> str:
+    """The ``lmcache:`` lines of one derived LMCache scrape (tests/data/vllm-0.32-lmcache)."""
+    text = (DATA / "vllm-0.32-lmcache" / f"{scrape}.txt").read_text()
+    return "".join(ln for ln in text.splitlines(keepends=True) if ln.startswith("lmcache:") or ln.startswith("# HELP lmcache:")
+                   or ln.startswith("# TYPE lmcache:"))
+
+
 class ScriptedKvOffloadVllm(ScriptedVllm):
     """A second server, vLLM 0.33 with KV offload and a draft model (the constructed expositions of
-    tests/data/vllm-0.33-kv-offload): its counters move once, then it hangs."""
+    tests/data/vllm-0.33-kv-offload) running LMCache's connector too (the ``lmcache:`` families of
+    tests/data/vllm-0.32-lmcache): its counters move once, then it hangs."""
 
     def __init__(self, fixtures: Path) -> None:
         super().__init__(fixtures)
@@ -126,10 +135,10 @@ class ScriptedKvOffloadVllm(ScriptedVllm):
                 time.sleep(max(0.0, t0 + t - time.monotonic()))
 
             at(3)
-            self.server.metrics = (self.fixtures / "t0.txt").read_text()
+            self.server.metrics = (self.fixtures / "t0.txt").read_text() + _lmcache_lines("t0")
             asyncio.run_coroutine_threadsafe(self.server.start(self.port), self.loop).result(10)
             at(7)
-            self.server.metrics = (self.fixtures / "t1.txt").read_text()
+            self.server.metrics = (self.fixtures / "t1.txt").read_text() + _lmcache_lines("t1")
             at(11)
             self.server.hang = {"/health"}
 

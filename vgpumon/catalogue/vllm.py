@@ -117,6 +117,56 @@ def _slo() -> tuple[Field, ...]:
     return tuple(out)
 
 
+def _lmcache() -> tuple[Field, ...]:
+    # LMCache's families in the same /metrics (vgpumon.sources.vllm.lmcache: pid splits summed,
+    # rates the largest tensor-parallel rank's, ratios over every rank's sums; docs/vllm.md)
+    rate = "the largest worker_id's (tensor-parallel ranks each count the same requests), pid splits summed"
+    out = [
+        _poll(
+            f"lmcache_{what}_per_second", "gauge", "per_second", f"LMCache: {help_} per second over the interval.",
+            f"increase of lmcache:num_{what}_total; {rate}", PER_SECOND, lo=0, hi=_RATE_MAX,
+            prometheus=f"vgpumon_vllm_lmcache_{what}_per_second", label=f"LMCache {short}/s",
+        )
+        for what, help_, short in (
+            ("retrieve_requests", "retrieve requests (KV looked for in LMCache to load into the GPU)", "retrieves"),
+            ("store_requests", "store requests (KV handed from the GPU to LMCache)", "stores"),
+            ("hit_tokens", "tokens whose KV was retrieved from LMCache (prefill not recomputed)", "hit tokens"),
+            ("stored_tokens", "tokens whose KV was stored in LMCache", "stored tokens"),
+        )
+    ]
+    out += [
+        _poll(
+            "lmcache_retrieve_hit_ratio", "gauge", "ratio",
+            "LMCache: tokens retrieved over tokens requested by retrieves in the interval (none without a retrieve).",
+            "increase of lmcache:num_hit_tokens_total over lmcache:num_requested_tokens_total, summed over every label set",
+            RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_lmcache_retrieve_hit_ratio", label="LMCache hit ratio",
+        ),
+        _poll(
+            "lmcache_lookup_hit_ratio", "gauge", "ratio",
+            "LMCache: prompt tokens its lookups found cached over tokens looked up in the interval (the scheduler's view).",
+            "increase of lmcache:num_lookup_hits_total over lmcache:num_lookup_tokens_total, summed over every label set",
+            RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_lmcache_lookup_hit_ratio", label="LMCache lookup hit ratio",
+        ),
+        _poll(
+            "lmcache_local_cache_usage_bytes", "gauge", "bytes",
+            "LMCache: bytes its local cache (CPU memory) holds, summed over ranks and processes.",
+            "lmcache:local_cache_usage, summed over every label set (pid included)", INT64, lo=0, hi=float(2**50),
+            prometheus="vgpumon_vllm_lmcache_local_cache_usage_bytes", label="LMCache local cache",
+        ),
+    ]
+    for what in ("retrieve", "store"):
+        out.append(
+            _poll(
+                f"lmcache_{what}_mean_seconds", "gauge", "seconds",
+                f"LMCache: mean time of one {what} over the interval's {what}s (none without one).",
+                f"increase of lmcache:time_to_{what}_sum over lmcache:time_to_{what}_count, summed over every label set",
+                SECONDS_US, lo=0, hi=_LATENCY_MAX, prometheus=f"vgpumon_vllm_lmcache_{what}_mean_seconds",
+                label=f"LMCache {what} time (mean)",
+            )
+        )
+    return tuple(out)
+
+
 SAMPLES: tuple[Field, ...] = (
     _poll(
         "state", "enum", "code", "Server state: starting, ready, busy, idle, hung, sleeping, telemetry_down, dead, "
@@ -224,6 +274,7 @@ SAMPLES: tuple[Field, ...] = (
         "increase of vllm:spec_decode_num_accepted_tokens_total over vllm:spec_decode_num_draft_tokens_total",
         RATIO, lo=0, hi=1, prometheus="vgpumon_vllm_spec_decode_acceptance_ratio", label="spec-decode acceptance",
     ),
+    *_lmcache(),
     *_quantiles(),
     *_slo(),
     _poll(

@@ -19,7 +19,7 @@ def serving():
     return make(
         "vgpumon-vllm", "vLLM serving",
         "vLLM servers: state, requests, KV cache and its fragmentation, token rates, latency percentiles, SLO attainment, "
-        "KV offload, speculative decoding, prewarm, and the GPUs each server holds.",
+        "KV offload, speculative decoding, LMCache, prewarm, and the GPUs each server holds.",
         ["vllm"], variables("vgpumon_vllm_server_info", "model_name", "Served model", "vgpumon_gpu_info"),
         [
             ("Servers", [
@@ -108,6 +108,21 @@ def serving():
                    "(no point without drafts). A falling rate costs the draft model's work for nothing.",
                    Q(f"vgpumon_vllm_spec_decode_acceptance_ratio{SRV}", BY_SERVER),
                    unit=unit("vgpumon_vllm_spec_decode_acceptance_ratio"), max_=1, w=8),
+                ts("LMCache hit ratio", "Servers running LMCache's connector: tokens LMCache's retrieves found over tokens they "
+                   "asked for, and tokens its lookups found cached over tokens looked up (the scheduler's view), in each poll "
+                   "interval; no point without a retrieve or lookup. Every tensor-parallel rank counted, pid splits summed.",
+                   Q(f"vgpumon_vllm_lmcache_retrieve_hit_ratio{SRV}", BY_SERVER + " retrieve"),
+                   Q(f"vgpumon_vllm_lmcache_lookup_hit_ratio{SRV}", BY_SERVER + " lookup"),
+                   unit=unit("vgpumon_vllm_lmcache_retrieve_hit_ratio"), max_=1, w=8),
+                ts("LMCache local cache", "Bytes LMCache's local CPU cache holds, summed over the server's ranks and processes: "
+                   "host memory the KV cache layer takes beside the GPUs'.",
+                   Q(f"vgpumon_vllm_lmcache_local_cache_usage_bytes{SRV}", BY_SERVER),
+                   unit=unit("vgpumon_vllm_lmcache_local_cache_usage_bytes"), w=8),
+                ts("LMCache traffic", "Tokens per second LMCache retrieved into the GPUs (prefill it saved) and stored from them, "
+                   "over each poll interval: the largest rank's, since every tensor-parallel rank handles each request's tokens.",
+                   Q(f"vgpumon_vllm_lmcache_hit_tokens_per_second{SRV}", BY_SERVER + " retrieved"),
+                   Q(f"vgpumon_vllm_lmcache_stored_tokens_per_second{SRV}", BY_SERVER + " stored"),
+                   unit=unit("vgpumon_vllm_lmcache_hit_tokens_per_second"), w=8),
             ]),
             ("Server health", [
                 ts("Telemetry and frozen gauges", "Telemetry: /metrics answered. Stale: vLLM's gauges did not move (an idle engine "

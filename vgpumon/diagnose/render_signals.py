@@ -38,8 +38,8 @@ def slo_line(s: VllmServer) -> str | None:
 
 
 def signals_line(s: VllmServer) -> str | None:
-    """Prefix-cache hits, preemptions, speculative decoding and KV offload over the recent polls
-    (the last two only when the server reports them); ``None`` without signals or polls."""
+    """Prefix-cache hits, preemptions, speculative decoding, KV offload and LMCache over the recent
+    polls (the last three only when the server reports them); ``None`` without signals or polls."""
     sig = s.get("signals")
     if sig is None or not sig["polls"]:
         return None
@@ -58,4 +58,9 @@ def signals_line(s: VllmServer) -> str | None:
     if load is not None or store is not None:
         parts.append(f"KV offload {catalogue.fmt((_V, 'kv_offload_load_bytes_per_second'), load, 'n/a')} loaded into the GPUs, "
                      f"{catalogue.fmt((_V, 'kv_offload_store_bytes_per_second'), store, 'n/a')} stored from them (mean)")
+    hit, lookup, cached = sig["lmcache_retrieve_hit_ratio"], sig["lmcache_lookup_hit_ratio"], sig["lmcache_local_cache_usage_bytes"]
+    if hit is not None or lookup is not None or cached is not None:
+        parts.append(f"LMCache hits {catalogue.fmt((_V, 'lmcache_retrieve_hit_ratio'), hit, 'N/A (no retrieve)')}, "
+                     f"lookups {catalogue.fmt((_V, 'lmcache_lookup_hit_ratio'), lookup, 'N/A')} (mean), "
+                     f"local cache {catalogue.fmt((_V, 'lmcache_local_cache_usage_bytes'), cached, 'N/A')}")
     return f"{s['server']}: over its last {sig['polls']} polls: " + "; ".join(parts)

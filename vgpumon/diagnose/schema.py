@@ -347,6 +347,9 @@ class VllmSignals(TypedDict):
     spec_decode_acceptance_ratio: float | None  # mean over the polls with drafts
     kv_offload_load_bytes_per_second: float | None  # mean: offload medium → GPUs
     kv_offload_store_bytes_per_second: float | None  # mean: GPUs → medium
+    lmcache_retrieve_hit_ratio: float | None  # mean over the polls with a retrieve
+    lmcache_lookup_hit_ratio: float | None  # mean over the polls with a lookup
+    lmcache_local_cache_usage_bytes: float | None  # the newest poll's
     polls: int
 
 

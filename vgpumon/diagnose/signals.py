@@ -47,7 +47,8 @@ def _slo(polls: Sequence[StoredSample], key: str, target: float, objective: floa
 
 def server_signals(polls: Sequence[StoredSample], th: Thresholds) -> VllmSignals:
     """A server's signals over ``polls`` (oldest first): SLO attainment from the newest poll that
-    has one; hit rate, acceptance and KV offload as means of the polls with a figure; preemptions
+    has one; hit rate, acceptance, KV offload and LMCache's hit ratios as means of the polls with a
+    figure, LMCache's local cache bytes from the newest poll that has them; preemptions
     counted as each poll's rate times the time since the poll before."""
     count, counted = 0.0, False
     for before, poll in zip(polls, polls[1:]):
@@ -68,6 +69,10 @@ def server_signals(polls: Sequence[StoredSample], th: Thresholds) -> VllmSignals
         "spec_decode_acceptance_ratio": _mean(polls, "spec_decode_acceptance_ratio"),
         "kv_offload_load_bytes_per_second": _mean(polls, "kv_offload_load_bytes_per_second"),
         "kv_offload_store_bytes_per_second": _mean(polls, "kv_offload_store_bytes_per_second"),
+        "lmcache_retrieve_hit_ratio": _mean(polls, "lmcache_retrieve_hit_ratio"),
+        "lmcache_lookup_hit_ratio": _mean(polls, "lmcache_lookup_hit_ratio"),
+        "lmcache_local_cache_usage_bytes": next(
+            (v for p in reversed(polls) if (v := _num(p, "lmcache_local_cache_usage_bytes")) is not None), None),
         "polls": len(polls),
     }
 

@@ -90,7 +90,8 @@ class ServerSample:
         (sums over engines), kv_cache_usage_ratio (max over engines), kv_cache_usage_mean_ratio,
         *_per_second rates from counters (kv_offload_load/store_bytes_per_second: KV offload
         traffic to / from the GPU), prefix_cache_hit_ratio (+ unit of the counters),
-        spec_decode_acceptance_ratio, latency quantiles in seconds, ttft_slo_* and itl_slo_* (SLO
+        spec_decode_acceptance_ratio, lmcache_* (LMCache's families when the server runs its
+        connector: ``vgpumon.sources.vllm.lmcache``), latency quantiles in seconds, ttft_slo_* and itl_slo_* (SLO
         attainment over the window: ``vgpumon.sources.vllm.slo``), kv_* (``vgpumon.sources.vllm.kv``), gauges_stale,
         sleep_state, server_load (``/load``), rss_bytes and cpu_seconds_per_second of the
         server's process tree, gpu_uuids (GPUs holding one of its processes), engines,
@@ -142,6 +143,15 @@ class ServerSample:
     kv_offload_load_bytes_per_second: float | None = None
     kv_offload_store_bytes_per_second: float | None = None
     spec_decode_acceptance_ratio: float | None = None
+    lmcache_retrieve_requests_per_second: float | None = None
+    lmcache_store_requests_per_second: float | None = None
+    lmcache_hit_tokens_per_second: float | None = None
+    lmcache_stored_tokens_per_second: float | None = None
+    lmcache_retrieve_hit_ratio: float | None = None
+    lmcache_lookup_hit_ratio: float | None = None
+    lmcache_local_cache_usage_bytes: float | None = None
+    lmcache_retrieve_mean_seconds: float | None = None
+    lmcache_store_mean_seconds: float | None = None
     ttft_p50_seconds: float | None = None
     ttft_p95_seconds: float | None = None
     ttft_p99_seconds: float | None = None

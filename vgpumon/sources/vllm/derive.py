@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from vgpumon.sources.vllm.lmcache import interval_figures as lmcache_figures
 from vgpumon.sources.vllm.metrics import Histogram, MetricsReading
 from vgpumon.sources.vllm.slo import SLO_HISTOGRAMS, SloTargets, SloWindow, share_within
 
@@ -199,7 +200,8 @@ class IntervalDeriver:
             ``prefix_cache_hit_ratio`` (interval hits / queries), ``kv_offload_load_bytes_per_second``
             (offload medium → GPU) and ``kv_offload_store_bytes_per_second`` (GPU → offload
             medium), ``spec_decode_acceptance_ratio`` (interval accepted / draft tokens; ``None``
-            without drafts), ``tokens_advanced`` (prompt +
+            without drafts), the ``lmcache_*`` fields of LMCache's families
+            (``vgpumon.sources.vllm.lmcache.FIELDS``), ``tokens_advanced`` (prompt +
             generation token increase; ``None`` without counters), and ``<hist>_p50_seconds`` /
             ``_p95_`` / ``_p99_`` for ``ttft``, ``itl``, ``e2e``, ``queue``. ``None`` for the first
             scrape (no interval yet), for absent metrics, and for quantiles of an interval
@@ -246,6 +248,7 @@ class IntervalDeriver:
         out["kv_offload_store_bytes_per_second"] = series_rate("kv_offload_store_bytes")
         accepted, drafted = series_increase("spec_decode_accepted_tokens"), series_increase("spec_decode_draft_tokens")
         out["spec_decode_acceptance_ratio"] = accepted / drafted if accepted is not None and drafted else None
+        out.update(lmcache_figures(prev.lmcache if prev is not None else None, reading.lmcache, dt))
         p_inc, g_inc = series_increase("prompt_tokens"), series_increase("generation_tokens")
         out["tokens_advanced"] = None if p_inc is None and g_inc is None else (p_inc or 0.0) + (g_inc or 0.0)
         unreliable: dict[str, str] = {}

@@ -19,8 +19,9 @@ as one untyped family per line (vllm PR 11117's capture), and it reads the body 
 
 Rules (FACTS §5):
 
-* Only ``vllm:`` samples are read; ``*_created`` samples (their own gauge families in
-  prometheus-client ≥ 0.20 output, e.g. production-stack issue 617) are skipped.
+* Only ``vllm:`` samples are read, and LMCache's ``lmcache:`` ones (``vgpumon.sources.vllm.lmcache``);
+  ``*_created`` samples (their own gauge families in prometheus-client ≥ 0.20 output, e.g.
+  production-stack issue 617) are skipped.
 * A label whose value is the Python repr ``"None"`` is unknown, not a string (vllm issue 28924).
 * Series split by API-server ``pid`` (``--api-server-count`` > 1, vllm PR 28792) are reduced with
   **max** per remaining label set — never summed, never "last one wins".
@@ -46,6 +47,9 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from vgpumon.sources.vllm.lmcache import PREFIX as LMCACHE_PREFIX
+from vgpumon.sources.vllm.lmcache import LMCacheAccumulator, LMCacheReading
 
 if TYPE_CHECKING:
     from prometheus_client.samples import Sample
@@ -197,6 +201,8 @@ class MetricsReading:
         replicas: Ray Serve's ``ReplicaId`` values when the exposition is Ray's re-export
             (``ray_vllm_*``), sorted; empty for a vLLM server's own ``/metrics``.
         deprecated: the ``vllm:`` families whose ``# HELP`` says deprecated, sorted.
+        lmcache: LMCache's families in the same exposition (``vgpumon.sources.vllm.lmcache``);
+            ``None`` when the server runs no LMCache connector.
     """
 
     has_vllm: bool
@@ -209,6 +215,7 @@ class MetricsReading:
     rejected: Mapping[str, str] = field(default_factory=dict)
     replicas: tuple[str, ...] = ()
     deprecated: tuple[str, ...] = ()
+    lmcache: LMCacheReading | None = None
 
     def gauge_total(self, name: str) -> float | None:
         """Sum of a canonical gauge over series; ``None`` when no series has it."""
@@ -396,14 +403,14 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
     rejected: dict[str, str] = {}
     lines = _Lines(body)
     replicas: set[str] = set()
+    lmcache = LMCacheAccumulator()
     for s in _samples(lines):
         name: str = s.name
         if name in lines.counters:
             name += "_total"
         name = canonical_name(name)
-        if not name.startswith(PREFIX):
-            continue
-        if name.endswith("_created"):
+        lmc = name.startswith(LMCACHE_PREFIX)
+        if not (lmc or name.startswith(PREFIX)) or name.endswith("_created"):
             continue
         try:
             value = float(s.value)
@@ -414,6 +421,9 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
             # NaN or ±Inf never reach a field (a kv_cache_usage_perc of +Inf once stopped every
             # vLLM write); the sample is left out and named, so the refusal is counted.
             rejected[name] = f"rejected: {'NaN' if math.isnan(value) else f'infinite: {value!r}'}"
+            continue
+        if lmc:  # LMCache's own label sets: pid splits summed, not reduced with max
+            lmcache.add(name, s.labels, value)
             continue
         labels = {k: _label(v) for k, v in s.labels.items() if k != "pid" and k not in RAY_LABELS}
         replica = labels.pop(REPLICA, None)
@@ -513,6 +523,7 @@ def parse_metrics(body: bytes | bytearray | str, *, openmetrics: bool = False) -
         rejected=rejected,
         replicas=tuple(sorted(replicas)),
         deprecated=_said_deprecated(lines.deprecated | {m.removesuffix("_total") for m in samples if m in DEPRECATED_FAMILIES}),
+        lmcache=lmcache.reading(),
     )
 
 
