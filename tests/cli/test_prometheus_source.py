@@ -253,11 +253,14 @@ def test_an_unknown_host_is_one_line_naming_the_hosts_there(engines):
 class _Fake(http.server.BaseHTTPRequestHandler):
     body = b""
     status = 200
+    location = ""
     seen: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802  the standard library's name
         type(self).seen.append(self.headers.get("Authorization") or "")
         self.send_response(self.status)
+        if self.location:
+            self.send_header("Location", self.location)
         self.send_header("Content-Type", "text/html")
         self.end_headers()
         self.wfile.write(self.body)
@@ -311,6 +314,19 @@ def test_the_token_goes_in_the_header_and_never_in_a_message(fake):
     _one_line(out, 3, "HTTP 401", "VGPUMON_PROMETHEUS_TOKEN")
     assert "s3cr3t" not in out.stdout + out.stderr
     assert _Fake.seen and _Fake.seen[0] == "Bearer s3cr3t-t0ken"
+
+
+def test_a_redirect_is_not_followed_and_the_token_is_sent_once(fake):
+    """urllib follows a redirect by default and sends the request's headers, the token among
+    them, to wherever it points: a redirect is an answer here, said in one line."""
+    _Fake.status, _Fake.body, _Fake.seen, _Fake.location = 302, b"", [], f"{fake}/elsewhere"
+    try:
+        out = _vgpumon("diagnose", "gpu-host-17", "--prometheus", fake, env={"VGPUMON_PROMETHEUS_TOKEN": "s3cr3t-t0ken"})
+    finally:
+        _Fake.location = ""
+    _one_line(out, 3, "HTTP 302", "not followed")
+    assert _Fake.seen == ["Bearer s3cr3t-t0ken"]  # one request: the redirect's target got none
+    assert "s3cr3t" not in out.stdout + out.stderr
 
 
 def test_db_and_prometheus_together_are_a_usage_error(tmp_path):

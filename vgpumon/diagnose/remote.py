@@ -17,10 +17,10 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.client import HTTPMessage
-from typing import IO, cast
+from typing import cast
 
 from vgpumon.base.errors import UsageError
+from vgpumon.base.http import NoRedirects
 from vgpumon.diagnose.schema import Report
 
 _TARGET = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]/\s]+))(?::(?P<port>\d{1,5}))?$")
@@ -121,7 +121,7 @@ def fetch_json(host: str, port: int, path: str, *, token: str | None, timeout: f
     request = urllib.request.Request(url, headers={"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})  # noqa: S310  the URL is built here from a checked host and port, http only
     # proxies from the environment are for the web, not for a GPU host's agent; no redirects:
     # the token goes to the host named, never to one an answer points at
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects())
     try:
         with opener.open(request, timeout=timeout) as answer:
             body = answer.read()
@@ -139,14 +139,6 @@ def fetch_json(host: str, port: int, path: str, *, token: str | None, timeout: f
     except ValueError:
         raise AgentRefused(200, "the answer is not JSON (is that port a vgpumon agent?)") from None
 
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer (``AgentRefused`` with its 3xx status), never followed."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
-    ) -> None:
-        return None
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:

@@ -20,6 +20,7 @@ import urllib.request
 from typing import Any
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
+from vgpumon.base.http import NoRedirects
 from vgpumon.base.masking import mask_secrets
 
 #: The largest answer read (bytes): a query of one family of one host over 11 000 points per
@@ -100,9 +101,14 @@ class PrometheusApi:
 
     def _fetch(self, req: urllib.request.Request) -> tuple[bytes, int]:
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310  the scheme is checked to be http(s)
+            # no redirects: the token goes to the URL given, never to a host an answer points at
+            with urllib.request.build_opener(NoRedirects()).open(req, timeout=self.timeout) as r:
                 return self._read(r), r.status
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                where = str(exc.headers.get("Location", ""))[:100]
+                raise PrometheusUnavailableError(f"Prometheus at {self.where} answered HTTP {exc.code}, a redirect to {where!r}: "
+                                                 "not followed (the token goes to the URL given only); give the URL it names") from None
             if exc.code in (401, 403):
                 raise PrometheusUnavailableError(f"Prometheus at {self.where} refused the request (HTTP {exc.code}): "
                                                  "set VGPUMON_PROMETHEUS_TOKEN to a token it accepts") from None
