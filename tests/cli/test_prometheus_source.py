@@ -256,13 +256,25 @@ class _Fake(http.server.BaseHTTPRequestHandler):
     location = ""
     seen: list[str] = []
 
+    reason = ""
+    dribble = False
+
     def do_GET(self) -> None:  # noqa: N802  the standard library's name
         type(self).seen.append(self.headers.get("Authorization") or "")
-        self.send_response(self.status)
+        self.send_response(self.status, self.reason or None)
         if self.location:
             self.send_header("Location", self.location)
         self.send_header("Content-Type", "text/html")
         self.end_headers()
+        if self.dribble:  # an answer that never ends: a byte every 0.3 s, until the client goes
+            for _ in range(400):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.3)
+            return
         self.wfile.write(self.body)
 
     def log_message(self, *args: object) -> None:
@@ -327,6 +339,56 @@ def test_a_redirect_is_not_followed_and_the_token_is_sent_once(fake):
     _one_line(out, 3, "HTTP 302", "not followed")
     assert _Fake.seen == ["Bearer s3cr3t-t0ken"]  # one request: the redirect's target got none
     assert "s3cr3t" not in out.stdout + out.stderr
+
+
+def test_an_answer_that_never_ends_is_cut_at_the_timeout(fake):
+    """urllib's timeout bounds each read, not the request: a server sending a byte every 0.3 s
+    held diagnose for ever. The whole request now has --timeout (the subprocess's own bound, 60 s,
+    is what the old code ran into)."""
+    _Fake.status, _Fake.body, _Fake.seen, _Fake.dribble = 200, b"", [], True
+    try:
+        out = _vgpumon("diagnose", "gpu-host-17", "--prometheus", fake, "--timeout", "2s")
+    finally:
+        _Fake.dribble = False
+    _one_line(out, 3, "UNKNOWN gpu-host-17", "did not answer within 2 s")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/ x", "http://127.0.0.1:9/\x01x", "http://[::1", "http://127.0.0.1:9/?token=x",
+                                 "http://127.0.0.1:9\nHost: evil"])
+def test_a_malformed_url_is_a_usage_error(url):
+    for command in ("diagnose", "capacity"):
+        args = [command, "gpu-host-17"] if command == "diagnose" else [command]
+        out = _vgpumon(*args, "--prometheus", url)
+        assert out.returncode == 64 and "Traceback" not in out.stderr, (command, out.returncode, out.stderr[-500:])
+        assert len(out.stderr.strip().splitlines()) <= 4 and "--prometheus" in out.stderr, out.stderr
+
+
+def test_a_token_the_server_repeats_is_never_shown(fake):
+    secret = "SEKRIT-tok-1234"
+    env = {"VGPUMON_PROMETHEUS_TOKEN": secret}
+    cases = [(400, "", json.dumps({"status": "error", "error": f"key {secret} unknown"}).encode(), ""),
+             (500, f"Internal {secret}", b"", ""), (302, "", b"", f"http://elsewhere/?{secret}")]
+    for status, reason, body, location in cases:
+        _Fake.status, _Fake.reason, _Fake.body, _Fake.location, _Fake.seen = status, reason, body, location, []
+        try:
+            for command in (["diagnose", "gpu-host-17"], ["capacity"]):
+                out = _vgpumon(*command, "--prometheus", fake, env=env)
+                assert out.returncode in (3, 69, 75) and _Fake.seen, (status, out.stdout, out.stderr)
+                assert secret not in out.stdout + out.stderr, (status, out.stdout, out.stderr)
+        finally:
+            _Fake.reason, _Fake.location = "", ""
+
+
+def test_a_token_that_cannot_be_a_header_is_a_usage_error(fake):
+    _Fake.seen = []
+    out = _vgpumon("capacity", "--prometheus", fake, env={"VGPUMON_PROMETHEUS_TOKEN": "s3cr3t-val\n"})
+    assert out.returncode == 64 and "VGPUMON_PROMETHEUS_TOKEN has a space, a newline" in out.stderr, out.stderr
+    assert "s3cr3t" not in out.stderr and not _Fake.seen
+
+
+def test_json_nested_too_deep_is_one_line(fake):
+    _Fake.status, _Fake.body, _Fake.seen = 200, b"[" * 100_000 + b"]" * 100_000, []
+    _one_line(_vgpumon("diagnose", "gpu-host-17", "--prometheus", fake), 3, "UNKNOWN gpu-host-17", "nested too deep")
 
 
 def test_db_and_prometheus_together_are_a_usage_error(tmp_path):

@@ -8,6 +8,7 @@ import contextlib
 import os
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -28,10 +29,28 @@ TOKEN_ENV = "VGPUMON_PROMETHEUS_TOKEN"  # noqa: S105  the variable's name, not a
 #: Rules read up to an hour before the window's end (trends, leaks): hydrated whatever the window.
 RULES_SPAN_S = 3600.0
 
+def _checked_url(value: Optional[str]) -> Optional[str]:
+    """``--prometheus`` as typed: an ``http(s)://host[:port][/path]`` base URL, without a query
+    or a fragment (the API's paths go after it); else a usage error (64), one line."""
+    if value is None:
+        return None
+    from vgpumon.config.checks import check_alert_url
+
+    try:
+        url = check_alert_url(value, example="http://prometheus:9090")
+    except ValueError as exc:
+        raise typer.BadParameter(mask_secrets(str(exc))) from None
+    parts = urllib.parse.urlsplit(url)
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise typer.BadParameter(f"{mask_secrets(url)!r} has a query or a fragment: give the API's base URL (http://prometheus:9090)")
+    return url
+
+
 PrometheusOption = Annotated[
     Optional[str],
     typer.Option(
         "--prometheus",
+        callback=_checked_url,
         help=f"Read the agents' exported series from this Prometheus-compatible API (Prometheus, Thanos, Mimir, VictoriaMetrics: "
         f"http://prometheus:9090) instead of a store; bearer token from {TOKEN_ENV}. Not with --db.",
         show_default=False,
@@ -46,9 +65,19 @@ def exclusive(db: str | None, prometheus: str | None) -> None:
 
 
 def api_of(url: str, timeout: float) -> "PrometheusApi":
+    """The API at ``url`` with the token of ``VGPUMON_PROMETHEUS_TOKEN``.
+
+    Raises:
+        UsageError: a token that cannot go in a header (a space, a control character, a newline
+            a file's last line left in it): a setting to fix, not an unreachable server.
+    """
     from vgpumon.store.prometheus_api import PrometheusApi
 
-    return PrometheusApi(url, token=os.environ.get(TOKEN_ENV) or None, timeout=timeout)
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and not all("!" <= c <= "~" for c in token):
+        raise UsageError(f"{TOKEN_ENV} has a space, a newline, a control character or non-ASCII in it, "
+                         "which no bearer credential has: set it to the credential alone")
+    return PrometheusApi(url, token=token, timeout=timeout)
 
 
 @contextlib.contextmanager

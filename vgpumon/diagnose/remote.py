@@ -11,6 +11,7 @@ would only be older.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
@@ -20,7 +21,7 @@ import urllib.request
 from typing import cast
 
 from vgpumon.base.errors import UsageError
-from vgpumon.base.http import NoRedirects
+from vgpumon.base.http import NoRedirects, within
 from vgpumon.diagnose.schema import Report
 
 _TARGET = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]/\s]+))(?::(?P<port>\d{1,5}))?$")
@@ -122,18 +123,31 @@ def fetch_json(host: str, port: int, path: str, *, token: str | None, timeout: f
     # proxies from the environment are for the web, not for a GPU host's agent; no redirects:
     # the token goes to the host named, never to one an answer points at
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects())
-    try:
+
+    def fetch() -> bytes:
         with opener.open(request, timeout=timeout) as answer:
-            body = answer.read()
+            return bytes(answer.read())
+
+    def scrub(text: str) -> str:  # an answer may repeat the request's header: the token never shows
+        return text.replace(token, "***") if token else text
+
+    try:
+        # the whole request within the timeout: urllib's bounds each read, and an agent's port
+        # held by something that answers a byte every few seconds would hold diagnose for ever
+        body = within(fetch, timeout + 1.0, lambda: AgentUnreachable(f"no answer within {timeout:g} s"))
+    except AgentUnreachable:
+        raise
     except urllib.error.HTTPError as exc:
         if 300 <= exc.code < 400:
             where = str(exc.headers.get("Location", ""))[:100]
-            raise AgentRefused(exc.code, f"HTTP {exc.code}: a redirect to {where!r}, not followed "
-                                         "(the token goes to the host named only)") from None
-        raise AgentRefused(exc.code, _error_message(exc)) from None
+            raise AgentRefused(exc.code, scrub(f"HTTP {exc.code}: a redirect to {where!r}, not followed "
+                                               "(the token goes to the host named only)")) from None
+        raise AgentRefused(exc.code, scrub(_error_message(exc))) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise AgentUnreachable(_why(reason)) from None
+        raise AgentUnreachable(scrub(_why(reason))) from None
+    except (http.client.HTTPException, ValueError) as exc:  # a broken status line, a reset mid-answer
+        raise AgentUnreachable(scrub(f"{exc.__class__.__name__}: {exc}")) from None
     try:
         return cast(object, json.loads(body))
     except ValueError:

@@ -11,6 +11,7 @@ header and never into a message.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import socket
@@ -20,7 +21,7 @@ import urllib.request
 from typing import Any
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
-from vgpumon.base.http import NoRedirects
+from vgpumon.base.http import NoRedirects, within
 from vgpumon.base.masking import mask_secrets
 
 #: The largest answer read (bytes): a query of one family of one host over 11 000 points per
@@ -63,8 +64,11 @@ class PrometheusApi:
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0, max_bytes: int = MAX_ANSWER_BYTES) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError:
+            parts = urllib.parse.urlsplit("")
+        if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() or not c.isprintable() for c in url):
             raise PrometheusUnavailableError(f"--prometheus {mask_secrets(url)!r} is not an http:// or https:// URL")
         self.url = url.rstrip("/")
         self.where = mask_secrets(self.url)
@@ -86,9 +90,23 @@ class PrometheusApi:
         if self._token:
             req.add_header("Authorization", f"Bearer {self._token}")
         self.requests += 1
-        body, status = self._fetch(req)
+        try:
+            return self._answer(path, *within(lambda: self._fetch(req), self.timeout + 1.0, self._late))
+        except PrometheusUnavailableError as exc:
+            # a server may repeat the request's header in what it says: the token never shows
+            raise type(exc)(self._scrub(str(exc))) from None
+
+    def _late(self) -> Exception:
+        return PrometheusUnreachableError(f"Prometheus at {self.where} did not answer within {self.timeout:g} s")
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token else text
+
+    def _answer(self, path: str, body: bytes, status: int) -> Any:
         try:
             doc = json.loads(body)
+        except RecursionError:
+            raise PrometheusUnavailableError(f"Prometheus at {self.where} answered {path} with JSON nested too deep to be a Prometheus API answer") from None
         except (ValueError, UnicodeDecodeError):
             hint = f" (HTTP {status})" if status != 200 else ""
             raise PrometheusUnavailableError(f"Prometheus at {self.where} answered {path} with something that is not JSON{hint}: is it a Prometheus API?") from None
@@ -125,7 +143,9 @@ class PrometheusApi:
             if isinstance(reason, socket.gaierror):
                 why = "host name not known"
             raise PrometheusUnreachableError(f"Prometheus at {self.where} unreachable ({str(why).lower()})") from None
-        except (OSError, ValueError) as exc:  # a reset connection, a broken status line
+        except http.client.InvalidURL:
+            raise PrometheusUnavailableError(f"--prometheus {self.where!r} is not a URL that can be asked") from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # a reset connection, a broken status line
             raise PrometheusUnreachableError(f"Prometheus at {self.where} unreachable ({exc.__class__.__name__}: {exc})") from None
 
     def _read(self, r: Any) -> bytes:
