@@ -201,3 +201,23 @@ def test_a_postgres_store_without_psycopg_names_the_extra_to_install():
     assert out.returncode == 69
     assert out.stderr.count("\n") == 1, out.stderr
     assert "pip install 'vgpumon[postgres]'" in out.stderr
+
+
+def test_escape_sequences_in_stored_text_never_reach_the_terminal(tmp_path):
+    """Text others wrote reaches the report: a GPU name, a process's command line (any local user
+    names its own processes). An escape sequence in it would retitle the terminal, clear it or
+    hide a line; the text report shows each control character as ``\\xNN`` instead."""
+    import sqlite3
+
+    from conftest import replay_into, vgpumon
+
+    db = tmp_path / "s.db"
+    replay_into(f"sqlite:///{db}", hostname="h")
+    hostile = "H200\x1b]0;pwned\x07\x1b[2J\u202e"
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE gpus SET name = ?", (hostile,))
+    out = vgpumon("diagnose", "h", "--db", str(db))
+    assert out.returncode in (0, 1, 2), out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout and "\u202e" not in out.stdout
+    assert "H200\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in out.stdout
+    assert hostile in json.loads(vgpumon("diagnose", "h", "--db", str(db), "--json").stdout)["gpus"][0]["name"]

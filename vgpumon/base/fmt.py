@@ -84,3 +84,22 @@ def keep_units(text: str) -> str:
 def unjoin_units(text: str) -> str:
     """What ``keep_units`` joined, spaced again: the text as it is written out."""
     return text.replace(UNIT_JOINER, " ") if UNIT_JOINER in text else text
+
+
+#: Control characters (C0 but tab and newline, DEL, C1) and the bidirectional overrides: what lets
+#: text from outside (a process's command line, a label from Prometheus) move a terminal's cursor,
+#: retitle its window, clear it or reorder what is shown.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: object) -> object:
+    """``value`` (a report: dicts, lists, strings, numbers) with every control character of its
+    strings shown as ``\\xNN`` / ``\\uNNNN``, for a terminal. JSON output needs none of this: the
+    encoder escapes them."""
+    if isinstance(value, str):
+        return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", value)
+    if isinstance(value, dict):
+        return {k: printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(v) for v in value]
+    return value

@@ -4,6 +4,8 @@ Values are printed by their catalogue entries (``vgpumon.catalogue.fmt``)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -11,7 +13,7 @@ from rich.text import Text
 
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
-from vgpumon.base.fmt import duration
+from vgpumon.base.fmt import duration, printable
 from vgpumon.capacity.schema import CardKvOffload, GpuCapacity, GpuDirection, HostReview, Link, Review
 
 
@@ -38,7 +40,8 @@ def _quartet(d: GpuDirection) -> str:
 
 
 def print_review(review: Review, out: Console) -> None:
-    """Print the review on ``out``."""
+    """Print the review on ``out`` (outside text made printable)."""
+    review = cast(Review, printable(review))
     for h in review["hosts"]:
         _host(h, review, out)
     for name in review["unknown_hosts"]:

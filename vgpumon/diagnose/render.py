@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Iterable, Sequence, cast
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -25,7 +25,7 @@ from rich.text import Text
 
 from vgpumon import catalogue
 from vgpumon.base.figures import print_figures
-from vgpumon.base.fmt import duration, keep_units, unjoin_units
+from vgpumon.base.fmt import duration, keep_units, printable, unjoin_units
 from vgpumon.diagnose.render_signals import signals_line, slo_line
 from vgpumon.diagnose.schema import Earlier, Finding, GpuBlock, Report, VllmServer
 
@@ -165,7 +165,8 @@ def render_diagnose(report: Report, *, width: int | None = None, color: bool = F
 
 
 def print_diagnose(report: Report, out: Console) -> None:
-    """Print the report on ``out``, in the order of docs/diagnose.md."""
+    """Print the report on ``out``, in the order of docs/diagnose.md (outside text made printable)."""
+    report = cast(Report, printable(report))
     _verdict(report, out)
     if not report.get("window"):
         return
