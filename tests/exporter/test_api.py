@@ -151,6 +151,26 @@ def test_a_malformed_authorization_header_is_a_json_400_and_its_token_is_never_l
     assert after == 200
 
 
+def test_headers_past_the_parser_bounds_are_a_json_431_and_a_flood_of_bad_requests_is_a_few_log_lines(tmp_path, caplog):
+    """aiohttp answers 400 for a header line past 8 190 bytes or more than 128 headers, where the
+    status for it is 431 (docs/security.md); and every refused request wrote a warning: 2 000 bad
+    requests, 2 000 lines. At most one line a second now, counting the others."""
+    caplog.set_level(logging.WARNING, logger="vgpumon.exporter.server")
+    with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE)) as agent:
+        answers = [_raw_request(agent.port, b"X-Big: " + b"a" * 100_000),
+                   _raw_request(agent.port, b"\r\n".join(b"X-%d: 1" % i for i in range(500)))]
+        flood = [_raw_request(agent.port, b"Authorization: Bearer x\x01") for _ in range(50)]
+        after = get(agent.base + "/metrics")[0]
+    for answer in answers:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0].split()[1] == b"431", head
+        assert json.loads(body)["error"] == {"status": 431, "message": "request headers too large"}
+    assert all(a.split(b"\r\n")[0].split()[1] == b"400" for a in flood)
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(refused) < 20, len(refused)  # 52 refusals in a second or so: a few lines
+    assert after == 200
+
+
 def test_an_agent_off_loopback_without_a_token_keeps_its_api_closed(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vgpumon.exporter.api"):
         with ServingAgent(f"sqlite:///{tmp_path / 'a.db'}", ReplayBackend(H200_CAPTURE), listen="0.0.0.0:0") as agent:

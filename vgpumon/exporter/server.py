@@ -50,6 +50,45 @@ _DOOR_HOOKS = {"_next_keepalive_close_time", "_keepalive_handle", "_request_in_p
     getattr(RequestHandler, "__slots__", ())) and hasattr(RequestHandler, "_process_keepalive")
 
 
+def _too_large(exc: BaseException | None) -> bool:
+    from aiohttp.http_exceptions import LineTooLong
+
+    text = str(exc or "")
+    return isinstance(exc, LineTooLong) or "Too many headers" in text or "too long" in text.lower()
+
+
+def _refusal(status: int, exc: BaseException | None) -> str:
+    """What a refused request is told (and the log says): never the request's own bytes."""
+    from aiohttp.http_exceptions import BadHttpMethod, BadStatusLine, InvalidHeader
+
+    if status != 400:
+        return _PARSER_REFUSALS.get(status, "bad request")
+    if isinstance(exc, (BadStatusLine, BadHttpMethod)):
+        return "malformed HTTP request: a request line that is not METHOD PATH HTTP/1.x"
+    if isinstance(exc, InvalidHeader):
+        return _PARSER_REFUSALS[400]
+    return "malformed HTTP request"
+
+
+class _Throttle:
+    """At most one log line per ``every`` seconds; the lines not written are counted."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every, self._last, self._held = every, float("-inf"), 0
+
+    def said(self) -> int | None:
+        """``None``: stay silent (counted); else log now, with this many held back before."""
+        import time
+
+        now = time.monotonic()
+        if now - self._last < self.every:
+            self._held += 1
+            return None
+        self._last, held, self._held = now, self._held, 0
+        return held
+
+
+
 class _JsonErrors(RequestHandler):
     """aiohttp's connection handler, answering what its parser refuses (and a failure outside
     every handler) in the API's JSON (``{"error": {"status": …, "message": …}}``), logged in one
@@ -125,12 +164,18 @@ class _JsonErrors(RequestHandler):
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        if status == 400 and _too_large(exc):
+            status = 431  # aiohttp says 400 for a line, a field or a header count past its bounds
         if status >= 500:
             log.error("HTTP request from %s failed (%s)", request.remote, type(exc).__name__ if exc else "error")
             text = "internal error"
         else:
-            log.warning("HTTP request from %s refused (%d): %s", request.remote, status, _PARSER_REFUSALS.get(status, "bad request"))
-            text = _PARSER_REFUSALS.get(status, "bad request")
+            text = _refusal(status, exc)
+            # one line a second at most: a client sending thousands of bad requests does not fill the log
+            throttle = getattr(self._manager, "refusals", None) or _Throttle()
+            if (said := throttle.said()) is not None:
+                log.warning("HTTP request from %s refused (%d): %s%s", request.remote, status, text,
+                            f" ({said} more refused since the last line)" if said else "")
         if request.writer.output_size > 0:  # part of an answer sent already: aiohttp's own handling
             raise ConnectionError("the answer was under way when the request failed")
         resp = web.Response(status=status, text=json.dumps({"error": {"status": status, "message": text}}) + "\n",
@@ -174,6 +219,7 @@ class _Door:
 
 class _Server(web.Server):
     door: _Door | None
+    refusals: _Throttle
 
     def __call__(self) -> RequestHandler:
         return _JsonErrors(self, loop=self._loop, door=self.door, **self._kwargs)
@@ -190,6 +236,7 @@ class _Runner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = _Server  # the same object, its connections made by ``_Server.__call__``
         server.door = self._door  # type: ignore[attr-defined]
+        server.refusals = _Throttle()  # type: ignore[attr-defined]  # one per server: its log lines
         return server
 
 
