@@ -245,6 +245,7 @@ def test_an_unknown_host_is_one_line_naming_the_hosts_there(engines):
     assert out.stdout.count("\n") == 1 and "gpu-host-99" in out.stdout and "gpu-host-17" in out.stdout
     cap = _vgpumon("capacity", "gpu-host-99", "--prometheus", engines["victoriametrics"])
     assert cap.returncode == 64 and "gpu-host-99 is not in Prometheus" in cap.stderr and "Traceback" not in cap.stderr
+    assert "not in the store" not in cap.stdout + cap.stderr  # the source is named as it is
 
 
 # -- error paths: no engine needed ---------------------------------------------------------------

@@ -44,8 +44,10 @@ def print_review(review: Review, out: Console) -> None:
     review = cast(Review, printable(review))
     for h in review["hosts"]:
         _host(h, review, out)
+    source = review.get("source")
+    where = "Prometheus" if source is not None and source["kind"] == "prometheus" else "the store"
     for name in review["unknown_hosts"]:
-        out.print(Text(f"{name}: not in the store", style="magenta"))
+        out.print(Text(f"{name}: not in {where}", style="magenta"))
 
 
 def _host(h: HostReview, review: Review, out: Console) -> None:
