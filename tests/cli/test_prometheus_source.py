@@ -146,7 +146,10 @@ def _differences(store: dict, other: dict) -> list[str]:
         for key in ("sm_active", "utilization", "temperature", "power", "pcie.tx", "pcie.rx"):
             figures_a, figures_b = _at(g, key), _at(h, key)
             for stat in sorted(k for k in figures_a if k.startswith(("mean_", "max_"))):
-                tol = MEAN_TOLERANCE if stat.startswith("mean_") else MAX_TOLERANCE
+                # a mean of n scrapes taken from the store's 4n ticks: its error grows as n shrinks
+                # (a GPU lost early in the window has a few dozen), ~1/sqrt(n) of a phased workload
+                scraped = max(int(h.get("samples") or 0), 1)
+                tol = max(MEAN_TOLERANCE, 2.0 / scraped ** 0.5) if stat.startswith("mean_") else MAX_TOLERANCE
                 a, b = figures_a.get(stat), figures_b.get(stat)
                 if a is None or b is None:
                     if (a is None) != (b is None):
