@@ -28,6 +28,8 @@ from vgpumon.store.retention import Retention
 from vgpumon.testing import incident
 from vgpumon.testing.vllm import free_port
 
+pytestmark = pytest.mark.slow  # starts processes and servers: not in the quick subset (docs/testing.md)
+
 TICK_S = 0.25
 #: Tolerances of the comparison. The engines hold one scrape a second, the store every 0.25 s
 #: tick: a mean over a quarter of the ticks of a workload whose phases last seconds moves by up
@@ -241,7 +243,6 @@ def test_capacity_from_the_api_tells_the_stores_story(engines, engine):
     assert other["source"]["kind"] == "prometheus" and "every scraped sample" in other["source"]["notes"][0]
 
 
-@pytest.mark.slow
 def test_an_unknown_host_is_one_line_naming_the_hosts_there(engines):
     out = _vgpumon("diagnose", "gpu-host-99", "--prometheus", engines["prometheus"])
     assert out.returncode == 3, out.stderr
