@@ -13,7 +13,6 @@ import http.server
 import json
 import shutil
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +20,8 @@ import urllib.request
 import pytest
 import yaml
 from conftest import DATA, vgpumon
-from prometheus_support import tool
+from prometheus_support import serving, tool
+from prometheus_support import wait_ready as _wait
 
 from vgpumon.store import Store
 from vgpumon.store.retention import Retention
@@ -40,16 +40,6 @@ MAX_TOLERANCE = 0.05
 STORE_ONLY = {("GpuLost", 5): "NVML reason a GPU was unreadable is not exported"}
 
 
-def _wait(what: str, check, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _query(base: str, expr: str) -> list:
@@ -289,11 +279,8 @@ class _Fake(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def fake():
     """A web server that answers every request with ``_Fake.body`` and ``_Fake.status``."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_Fake) as url:
+        yield url
 
 
 def _one_line(out: subprocess.CompletedProcess, code: int, *needles: str) -> None:

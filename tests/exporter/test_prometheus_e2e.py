@@ -30,6 +30,7 @@ import pytest
 import yaml
 from conftest import DATA, ROOT
 from prometheus_support import tool
+from prometheus_support import wait_ready as _wait
 from vllm_support import shared_dir
 
 from vgpumon import dashboards
@@ -54,16 +55,6 @@ def _get(base: str, path: str, **params: str) -> dict:
         return json.load(exc)
 
 
-def _wait(what: str, check, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ScriptedVllm:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import http.server
 import re
-import threading
 
 import pytest
+from prometheus_support import serving
 from sqlalchemy import text
 
 from vgpumon.store import open_store
@@ -114,11 +114,8 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def answering():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_Answer) as url:
+        yield url
 
 
 def test_an_answer_beyond_the_bound_is_refused_and_bad_points_are_dropped(answering):

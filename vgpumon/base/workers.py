@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Executor, Future
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 _PR_SET_NAME = 15
 _libc: Any = None
@@ -182,3 +182,35 @@ class DaemonExecutor(Executor):
     def busy(self) -> bool:
         """The thread is alive (running a call or waiting for one)."""
         return self._thread.is_alive()
+
+
+_T = TypeVar("_T")
+
+
+def within(fetch: Callable[[], _T], seconds: float, late: Callable[[], Exception]) -> _T:
+    """``fetch()`` on a daemon thread, given ``seconds`` in all; past them the exception
+    ``late()`` gives is raised and the thread is left to end on its own (it does not hold the
+    process's exit). For calls whose own timeouts bound each step but not the whole: urllib's
+    bounds each read of a socket (a server answering a byte every few seconds holds a request for
+    ever), a database that accepts the connection and never answers holds a query for the
+    kernel's TCP timeout.
+
+    Raises:
+        what ``fetch`` raised, or ``late()``.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fetch()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="vgpumon-bounded", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise late()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

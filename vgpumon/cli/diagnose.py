@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Callable, Optional, TypeVar
 
 import typer
 
@@ -24,32 +23,18 @@ T = TypeVar("T")
 
 
 def _within(seconds: float, fn: Callable[[], T], what: str) -> T:
-    """Run ``fn`` on a daemon thread and wait at most ``seconds`` for it: a database that
-    accepts the connection and then never answers must not hold a command (or the monitoring
-    that runs it) for the kernel's TCP timeout (130 s seen).
+    """``fn()`` within ``seconds`` (``vgpumon.base.workers.within``): a database that accepts
+    the connection and then never answers must not hold a command (or the monitoring that runs
+    it) for the kernel's TCP timeout (130 s seen).
 
     Raises:
         StoreUnavailableError: ``fn`` did not finish in time (``what`` names the store).
         Exception: whatever ``fn`` raised.
     """
+    from vgpumon.base.workers import within
     from vgpumon.config import format_duration
 
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name="vgpumon-bounded", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise StoreUnavailableError(f"store {what} did not answer within {format_duration(seconds)}")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return within(fn, seconds, lambda: StoreUnavailableError(f"store {what} did not answer within {format_duration(seconds)}"))
 
 
 def _since_param(value: Optional[str]) -> Optional[str]:

@@ -21,7 +21,8 @@ import urllib.request
 from typing import cast
 
 from vgpumon.base.errors import UsageError
-from vgpumon.base.http import NoRedirects, within
+from vgpumon.base.http import NoRedirects
+from vgpumon.base.workers import within
 from vgpumon.diagnose.schema import Report
 
 _TARGET = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]/\s]+))(?::(?P<port>\d{1,5}))?$")

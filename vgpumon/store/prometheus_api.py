@@ -21,8 +21,9 @@ import urllib.request
 from typing import Any
 
 from vgpumon.base.errors import StoreUnavailableError, StoreUnreachableError
-from vgpumon.base.http import NoRedirects, within
+from vgpumon.base.http import NoRedirects
 from vgpumon.base.masking import mask_secrets
+from vgpumon.base.workers import within
 
 #: The largest answer read (bytes): a query of one family of one host over 11 000 points per
 #: series stays far below it; anything larger is refused rather than held in memory.
